@@ -1,0 +1,1 @@
+"""Plugins that ship with the core; each registers through the core distribution's entry points."""

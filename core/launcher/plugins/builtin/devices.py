@@ -1,0 +1,1 @@
+"""Built-in devices plugin (placeholder until implemented)."""

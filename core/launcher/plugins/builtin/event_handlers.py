@@ -1,0 +1,1 @@
+"""Built-in event_handlers plugin (placeholder until implemented)."""

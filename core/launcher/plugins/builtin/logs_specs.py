@@ -1,0 +1,1 @@
+"""Built-in logs_specs plugin (placeholder until implemented)."""

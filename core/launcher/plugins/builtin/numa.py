@@ -1,0 +1,1 @@
+"""Built-in numa plugin (placeholder until implemented)."""

@@ -1,0 +1,1 @@
+"""Built-in rendezvous plugin (placeholder until implemented)."""

@@ -1,0 +1,160 @@
+"""Hook specifications: the five kinds of plugin launcher accepts.
+
+A plugin is any module or object with functions decorated by :data:`launcher.plugins.hookimpl`
+and named after one of the hooks below. It is found through the ``launcher`` entry-point group::
+
+    # pyproject.toml of your distribution
+    [project.entry-points.launcher]
+    my-plugin = "my_package.launcher_plugin"
+
+Each hook yields registration objects (:mod:`launcher.plugins.types`). Selection by name happens
+after every plugin's registrations are collected, so two plugins offering the same name is an
+error rather than a silent override.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pluggy
+
+from launcher.plugins.types import (
+    DeviceProvider,
+    EventHandler,
+    LogsSpecsProvider,
+    NumaStrategy,
+    RendezvousBackend,
+)
+
+PROJECT = "launcher"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class LauncherSpecs:
+    """The hook specifications (one method per kind of plugin)."""
+
+    @hookspec
+    def launcher_rendezvous_backends(self) -> Iterable[RendezvousBackend]:  # type: ignore[empty-body]
+        """Register rendezvous backends (``--rdzv-backend NAME``).
+
+        A backend that provides a key-value store gets the core's rendezvous algorithm for free::
+
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import RendezvousBackend
+
+            def _create_store(params):
+                from my_package.store import RedisStore  # heavy import: only when used
+
+                return RedisStore(params.endpoint, prefix=params.run_id)
+
+            @hookimpl
+            def launcher_rendezvous_backends():
+                yield RendezvousBackend(
+                    name="redis",
+                    description="Rendezvous through a Redis server",
+                    create_store=_create_store,
+                )
+        """
+
+    @hookspec
+    def launcher_logs_specs(self) -> Iterable[LogsSpecsProvider]:  # type: ignore[empty-body]
+        """Register LogsSpecs (``--logs-specs NAME``): where worker output goes.
+
+        Example, a layout that keeps only stderr, under ``--log-dir``::
+
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import LogsSpecsProvider
+
+            def _load():
+                from launcher.logs.specs import DefaultLogsSpecs
+
+                class StderrOnly(DefaultLogsSpecs):
+                    def __init__(self, **kwargs):
+                        kwargs["redirects"] = "2"
+                        super().__init__(**kwargs)
+
+                return StderrOnly
+
+            @hookimpl
+            def launcher_logs_specs():
+                yield LogsSpecsProvider(name="stderr-only", load_class=_load,
+                                        description="Only stderr, to files")
+        """
+
+    @hookspec
+    def launcher_event_handlers(self) -> Iterable[EventHandler]:  # type: ignore[empty-body]
+        """Register event sinks (``--event-log-handler NAME``).
+
+        Example, a sink that appends each event's type to a file::
+
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import EventHandler
+
+            class TypeLogger:
+                def __init__(self, path):
+                    self._file = open(path, "a")
+
+                def emit(self, event):
+                    self._file.write(event.type + "\\n")
+
+                def close(self):
+                    self._file.close()
+
+            @hookimpl
+            def launcher_event_handlers():
+                yield EventHandler(name="types", description="Event types to ./events.txt",
+                                   create_sink=lambda context: TypeLogger("events.txt"))
+        """
+
+    @hookspec
+    def launcher_numa_strategies(self) -> Iterable[NumaStrategy]:  # type: ignore[empty-body]
+        """Register NUMA affinity strategies (``--numa-binding NAME``).
+
+        Example, every worker on the CPUs of NUMA node 0::
+
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import NumaStrategy
+
+            class FirstNode:
+                def cpus_for_workers(self, topology, devices, nproc):
+                    cpus = topology.nodes[0].cpus
+                    return [set(cpus) for _ in range(nproc)]
+
+            @hookimpl
+            def launcher_numa_strategies():
+                yield NumaStrategy(name="first-node", description="All workers on node 0",
+                                   create=FirstNode)
+        """
+
+    @hookspec
+    def launcher_device_providers(self) -> Iterable[DeviceProvider]:  # type: ignore[empty-body]
+        """Register device-count providers (``--nproc-per-node NAME``).
+
+        Example, a provider for an accelerator whose devices appear as ``/dev/npu<N>``::
+
+            import glob
+
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import DeviceProvider
+
+            @hookimpl
+            def launcher_device_providers():
+                yield DeviceProvider(
+                    name="npu",
+                    description="NPUs found under /dev",
+                    count_devices=lambda: len(glob.glob("/dev/npu[0-9]*")),
+                    visible_devices_env="NPU_VISIBLE_DEVICES",
+                )
+        """
+
+
+#: Hook name for each registration kind, in the order listings show them.
+HOOKS_BY_KIND: dict[str, str] = {
+    "rendezvous backend": "launcher_rendezvous_backends",
+    "logs specs": "launcher_logs_specs",
+    "event handler": "launcher_event_handlers",
+    "numa strategy": "launcher_numa_strategies",
+    "device provider": "launcher_device_providers",
+}

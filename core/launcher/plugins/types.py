@@ -1,0 +1,154 @@
+"""Typed registration objects that plugin hooks return.
+
+Every hook of :mod:`launcher.plugins.hookspec` yields instances of one of these classes. A
+registration is cheap to build: it carries a name, a one-line description and *callables* that
+do the real work later, so collecting every registration (for ``launcher plugins`` or for
+``--help``) never imports torch or a plugin's heavy dependencies.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from launcher.events.model import EventSink
+    from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
+    from launcher.store.api import KeyValueStore
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Fields every kind of registration shares.
+
+    ``name`` is what users type (``--rdzv-backend NAME``); it is normalised to lower case and must
+    match ``[a-z0-9][a-z0-9_.-]*``. ``aliases`` are further names for the same thing (``gpu`` for
+    ``cuda``). ``description`` is one line shown by ``launcher plugins``.
+    """
+
+    kind: ClassVar[str] = "registration"
+
+    name: str
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        normalised = _normalise(self.name, self.kind)
+        object.__setattr__(self, "name", normalised)
+        object.__setattr__(self, "aliases", tuple(_normalise(a, self.kind) for a in self.aliases))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The name followed by every alias."""
+        return (self.name, *self.aliases)
+
+
+def _normalise(name: str, kind: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} name must be a string, got {type(name).__name__}")
+    value = name.strip().lower()
+    if not _NAME.match(value):
+        raise ValueError(
+            f"invalid {kind} name {name!r}: use lower-case letters, digits, '-', '_' or '.', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class RendezvousBackend(Registration):
+    """A rendezvous backend (``--rdzv-backend NAME``).
+
+    Provide ``create_store`` when the backend is only a key-value store: the core runs its own
+    rendezvous algorithm over it. Provide ``create_handler`` to replace the whole rendezvous.
+    Exactly one of the two must be given. Both receive the parsed
+    :class:`~launcher.rendezvous.api.RendezvousParameters`.
+    """
+
+    kind: ClassVar[str] = "rendezvous backend"
+
+    create_handler: Callable[[RendezvousParameters], RendezvousHandler] | None = field(
+        default=None, kw_only=True
+    )
+    create_store: Callable[[RendezvousParameters], KeyValueStore] | None = field(default=None, kw_only=True)
+    #: ``--rdzv-conf`` keys this backend understands beyond the core's own; ``None`` accepts any.
+    config_keys: frozenset[str] | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.create_handler is None) == (self.create_store is None):
+            raise ValueError(
+                f"rendezvous backend {self.name!r} must give exactly one of create_handler or create_store"
+            )
+
+
+@dataclass(frozen=True)
+class LogsSpecsProvider(Registration):
+    """A LogsSpecs: where worker output goes (``--logs-specs NAME``).
+
+    ``load_class`` returns the LogsSpecs class; it is called only when the name is chosen, so the
+    class's module (which may import torch, as torchrun's LogsSpecs do) is imported only then.
+    The class is constructed with torchrun's keyword arguments ``log_dir``, ``redirects``, ``tee``
+    and ``local_ranks_filter``.
+    """
+
+    kind: ClassVar[str] = "logs specs"
+
+    load_class: Callable[[], type] = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class EventHandler(Registration):
+    """An event sink (``--event-log-handler NAME[,NAME...]``).
+
+    ``create_sink`` is called once per agent with the settings of ``launcher.events``
+    (:class:`~launcher.events.model.SinkContext`) and returns an object with ``emit(event)`` and
+    ``close()``.
+    """
+
+    kind: ClassVar[str] = "event handler"
+
+    create_sink: Callable[[Any], EventSink] = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class NumaStrategy(Registration):
+    """A NUMA affinity strategy (``--numa-binding NAME``).
+
+    ``create`` returns the strategy object; see :mod:`launcher.numa` for its interface.
+    """
+
+    kind: ClassVar[str] = "numa strategy"
+
+    create: Callable[[], Any] = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class DeviceProvider(Registration):
+    """A device-count provider (``--nproc-per-node NAME``).
+
+    ``count_devices`` returns how many devices of this kind the node may use (0 when none, or the
+    kind is unavailable). ``visible_devices_env`` names the variable that restricts a worker to
+    some devices (``CUDA_VISIBLE_DEVICES``), used by ``--virtual-local-rank``; ``None`` if there is
+    none. ``accelerator`` says whether ``auto`` may pick it, and ``priority`` orders the
+    accelerators ``auto`` tries (lowest first).
+    """
+
+    kind: ClassVar[str] = "device provider"
+
+    count_devices: Callable[[], int] = field(kw_only=True)
+    visible_devices_env: str | None = field(default=None, kw_only=True)
+    accelerator: bool = field(default=True, kw_only=True)
+    priority: int = field(default=100, kw_only=True)
+    #: Optional: PCI bus ids of the visible devices, in visible order (for NUMA affinity).
+    pci_bus_ids: Callable[[], list[str | None]] | None = field(default=None, kw_only=True)
+
+
+#: Every registration class, keyed by the kind name used in listings and errors.
+REGISTRATION_TYPES: Mapping[str, type[Registration]] = {
+    cls.kind: cls for cls in (RendezvousBackend, LogsSpecsProvider, EventHandler, NumaStrategy, DeviceProvider)
+}

@@ -1,0 +1,1 @@
+"""Rendezvous: how the agents of a job find each other and agree on ranks."""

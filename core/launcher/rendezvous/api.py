@@ -1,0 +1,128 @@
+"""The rendezvous interface between the agent and a backend.
+
+A backend plugin returns a :class:`RendezvousHandler` (or only a store, and the core's own
+algorithm supplies the handler). The agent calls :meth:`RendezvousHandler.next_rendezvous` before
+each start of its workers, polls :meth:`~RendezvousHandler.num_nodes_waiting` and
+:meth:`~RendezvousHandler.lost_nodes` while they run, and closes the rendezvous when the job ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from launcher.errors import LaunchError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.store.api import KeyValueStore
+
+
+class RendezvousError(LaunchError):
+    """The rendezvous failed; the message says why and with whom."""
+
+
+class RendezvousClosedError(RendezvousError):
+    """The rendezvous was closed (the job finished or failed elsewhere)."""
+
+
+class RendezvousTimeoutError(RendezvousError):
+    """Not enough nodes joined in time."""
+
+
+class RendezvousConfigError(UsageError):
+    """Invalid ``--rdzv-*`` settings."""
+
+
+_TRUE = {"1", "true", "yes", "on", "t", "y"}
+_FALSE = {"0", "false", "no", "off", "f", "n"}
+
+
+@dataclass
+class RendezvousParameters:
+    """Everything the command line says about the rendezvous."""
+
+    backend: str
+    endpoint: str
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    local_addr: str | None = None
+    config: dict[str, str] = field(default_factory=dict)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.config.get(key, default)
+
+    def get_as_int(self, key: str, default: int) -> int:
+        value = self.config.get(key)
+        if value is None or value == "":
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise RendezvousConfigError(f"--rdzv-conf {key}={value!r} must be an integer") from None
+
+    def get_as_float(self, key: str, default: float) -> float:
+        value = self.config.get(key)
+        if value is None or value == "":
+            return default
+        try:
+            return float(value)
+        except ValueError:
+            raise RendezvousConfigError(f"--rdzv-conf {key}={value!r} must be a number of seconds") from None
+
+    def get_as_bool(self, key: str, default: bool | None = None) -> bool | None:
+        value = self.config.get(key)
+        if value is None or value == "":
+            return default
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise RendezvousConfigError(f"--rdzv-conf {key}={value!r} must be true or false")
+
+
+@dataclass
+class RendezvousInfo:
+    """The outcome of one rendezvous round, for this node."""
+
+    #: A store shared by every agent of this round (the agent uses it for the exit barrier).
+    store: KeyValueStore
+    group_rank: int
+    group_world_size: int
+    #: Where the workers' store is served (``MASTER_ADDR``/``MASTER_PORT`` of the workers).
+    master_addr: str
+    master_port: int
+    #: Whether workers connect to the store the agent serves (``TORCHELASTIC_USE_AGENT_STORE``).
+    use_agent_store: bool = True
+    round: int = 0
+    #: Node ids of every participant, in group-rank order, when the backend knows them.
+    participants: list[str] = field(default_factory=list)
+    #: Each participant's local world size, in group-rank order (for global rank offsets).
+    local_world_sizes: list[int] = field(default_factory=list)
+
+
+@runtime_checkable
+class RendezvousHandler(Protocol):
+    """What the agent needs from a rendezvous."""
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round and return this node's place in it."""
+
+    def is_closed(self) -> bool:
+        """Whether the job is over (no further rounds)."""
+
+    def set_closed(self) -> None:
+        """End the job for every node: late arrivals exit instead of waiting."""
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join a new round (a scale-up opportunity)."""
+
+    def lost_nodes(self) -> list[str]:
+        """Participants of the current round that stopped responding (empty when all are fine)."""
+
+    def get_run_id(self) -> str:
+        """The job id all nodes share."""
+
+    def shutdown(self) -> bool:
+        """Release this node's resources (heartbeat threads, served stores)."""

@@ -1,0 +1,55 @@
+"""The key-value store interface the core's rendezvous and agent use.
+
+Values are bytes; keys are strings. Blocking calls take a timeout in seconds and raise
+:class:`StoreTimeoutError` when it passes. An implementation must be safe to call from one thread
+at a time; the rendezvous gives each thread its own client when it needs more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+
+class StoreError(Exception):
+    """The store could not be reached or answered with an error."""
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """A blocking store call did not complete within its timeout."""
+
+
+@runtime_checkable
+class KeyValueStore(Protocol):
+    """Operations the rendezvous algorithm needs from a backend's store."""
+
+    def set(self, key: str, value: bytes) -> None:
+        """Set ``key`` to ``value``."""
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """The value of ``key``, waiting until it exists."""
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the integer at ``key`` (missing counts as 0); the new value."""
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (or is missing and ``expected`` is
+        empty); return the value now stored."""
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        """Values of several keys, waiting until all exist."""
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        """Set several keys at once."""
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every key exists, without waiting."""
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        """Block until every key exists."""
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; whether it existed."""
+
+    def close(self) -> None:
+        """Release the connection."""
