@@ -86,8 +86,9 @@ class RendezvousParameters:
 class RendezvousInfo:
     """The outcome of one rendezvous round, for this node."""
 
-    #: A store shared by every agent of this round (the agent uses it for the exit barrier).
-    store: KeyValueStore
+    #: A store shared by every agent of this round (the agent uses it for rank assignment and
+    #: the exit barrier); ``None`` for a single-node rendezvous, which needs none.
+    store: KeyValueStore | None
     group_rank: int
     group_world_size: int
     #: Where the workers' store is served (``MASTER_ADDR``/``MASTER_PORT`` of the workers).

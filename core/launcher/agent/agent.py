@@ -1,0 +1,505 @@
+"""The agent loop: rendezvous, start workers, watch them, restart or finish.
+
+::
+
+    rendezvous ─► assign ranks ─► start workers ─► watch ─┬─ all succeeded ─► exit barrier ─► done
+        ▲                                                  ├─ one failed ─► stop the rest ─► restart? ─┐
+        │                                                  ├─ nodes waiting / lost ─► stop ──────────┤
+        └──────────────────────────────────────────────────┴───────────────────────────────────────────┘
+
+Worker exits are noticed at once (exit descriptors in a selector); the rendezvous is asked about
+waiting or lost nodes every ``monitor_interval``. A restart after a failure uses up one of
+``max_restarts``; re-forming because nodes joined or left does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
+from launcher.agent.ranks import assign_ranks
+from launcher.agent.watchdog import Watchdog
+from launcher.errors import LaunchError
+from launcher.logs.pump import OutputPump
+from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
+from launcher.store.api import StoreError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.config import LaunchConfig
+    from launcher.plugins.manager import LauncherPluginManager
+    from launcher.plugins.types import DeviceProvider
+    from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
+
+log = logging.getLogger("launcher.agent")
+
+
+class SignalReceived(Exception):
+    """The agent received one of the signals it handles."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class AgentResult:
+    """How the job ended on this node."""
+
+    exit_code: int
+    #: Return values of function entrypoints, by global rank.
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: list[Any] = field(default_factory=list)
+    report: Any = None
+    message: str = ""
+
+
+def worker_environment(
+    config: LaunchConfig,
+    info: RendezvousInfo,
+    slot_ranks: tuple[int, int, int],
+    world: tuple[int, int],
+    restart_count: int,
+    base_env: dict[str, str],
+) -> dict[str, str]:
+    """The environment one worker gets: exactly torchrun's variables on top of the agent's."""
+    local_rank, global_rank, role_rank = slot_ranks
+    world_size, role_world_size = world
+    env = dict(base_env)
+    env.update(config.worker_env)
+    env.update(
+        {
+            "LOCAL_RANK": str(local_rank),
+            "RANK": str(global_rank),
+            "GROUP_RANK": str(info.group_rank),
+            "ROLE_RANK": str(role_rank),
+            "ROLE_NAME": config.role,
+            "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
+            "WORLD_SIZE": str(world_size),
+            "GROUP_WORLD_SIZE": str(info.group_world_size),
+            "ROLE_WORLD_SIZE": str(role_world_size),
+            "MASTER_ADDR": info.master_addr,
+            "MASTER_PORT": str(info.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+            "TORCHELASTIC_RUN_ID": config.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": str(info.use_agent_store),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            # torchrun exports this in its own environment, so its workers inherit it.
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(s.strip() for s in config.signals_to_handle),
+        }
+    )
+    return env
+
+
+class Agent:
+    """Runs this node's share of a job (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        entry: Entrypoint,
+        manager: LauncherPluginManager,
+        *,
+        device_provider: DeviceProvider | None = None,
+        handler: RendezvousHandler | None = None,
+    ) -> None:
+        self.config = config
+        self.entry = entry
+        self.manager = manager
+        self.device_provider = device_provider
+        self.node = socket.gethostname()
+        self._handler = handler
+        self._restart_count = 0
+        self._signal: int | None = None
+        self._in_rendezvous = False
+        self._group: WorkerGroup | None = None
+        self._result_dir: str | None = None
+        self._events: Any = None
+
+    # -- set-up helpers ----------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not on the main thread: signals are not forwarded")
+            return previous
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            first = self._signal is None
+            self._signal = signum
+            if first and self._in_rendezvous:
+                raise SignalReceived(signum)
+
+        for signum in self.config.signal_numbers:
+            with contextlib.suppress(OSError, ValueError):
+                previous[signum] = signal.signal(signum, on_signal)
+        return previous
+
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if "OMP_NUM_THREADS" not in env and self.config.nproc_per_node > 1:
+            log.warning(
+                "setting OMP_NUM_THREADS=1 for each worker so %d workers do not oversubscribe the CPUs; "
+                "set OMP_NUM_THREADS to tune it",
+                self.config.nproc_per_node,
+            )
+            env["OMP_NUM_THREADS"] = "1"
+        return env
+
+    def _emit(self, event_type: str, **data: Any) -> None:
+        if self._events is not None:
+            self._events.emit(event_type, **data)
+
+    def _plan_cpus(self) -> list[frozenset[int] | None] | None:
+        if not self.config.numa_binding:
+            return None
+        from launcher.numa import plan_affinity
+
+        plan = plan_affinity(
+            self.config.numa_binding,
+            self.config.nproc_per_node,
+            self.device_provider,
+            self.manager,
+            on_failure="error" if self.config.numa_fallback == "error" else "warn",
+        )
+        if plan is None:
+            return None
+        for rank, cpus in enumerate(plan):
+            log.info("local rank %d bound to CPUs %s", rank, _cpu_list(cpus))
+        return list(plan)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> AgentResult:
+        """Run the job on this node to its end; never leaves a worker behind."""
+        from launcher.events.bus import create_event_bus
+        from launcher.events.model import SinkContext
+        from launcher.logs.select import create_logs_specs
+        from launcher.rendezvous.registry import create_rendezvous_handler
+
+        config = self.config
+        previous_handlers = self._install_signal_handlers()
+        self._events = create_event_bus(
+            config.event_log_handlers,
+            self.manager,
+            SinkContext(run_id=config.run_id, node=self.node, role=config.role),
+        )
+        logs_specs = create_logs_specs(config, self.manager)
+        pump = OutputPump()
+        watchdog = Watchdog()
+        if not watchdog.start():
+            log.warning("cannot start the watchdog: workers will die with the agent, their children may not")
+        handler = self._handler
+        result = AgentResult(exit_code=1)
+        base_env = self._base_env()
+        cpus = self._plan_cpus()
+        try:
+            if handler is None:
+                handler = create_rendezvous_handler(config, self.manager)
+            result = self._loop(handler, logs_specs, pump, watchdog, base_env, cpus)
+        except SignalReceived as exc:
+            result = AgentResult(exit_code=128 + exc.signum, message=f"received {exc}")
+        except (RendezvousError, StoreError) as exc:
+            result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
+            self._emit("job_failed", reason=result.message)
+        finally:
+            if self._group is not None:
+                self._group.stop(signal.SIGKILL, 0)
+                self._group.close()
+            if handler is not None:
+                with contextlib.suppress(Exception):
+                    if result.exit_code != 0 or not handler.is_closed():
+                        handler.set_closed()
+                with contextlib.suppress(Exception):
+                    handler.shutdown()
+            pump.close()
+            watchdog.stop()
+            with contextlib.suppress(Exception):
+                self._events.close(timeout=5.0)
+            finish = getattr(logs_specs, "finish", None)
+            if finish is not None:
+                finish(result.exit_code == 0)
+            if self._result_dir is not None:
+                import shutil
+
+                shutil.rmtree(self._result_dir, ignore_errors=True)
+            for signum, old in previous_handlers.items():
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    signal.signal(signum, old)
+        return result
+
+    def _rendezvous(self, handler: RendezvousHandler) -> RendezvousInfo:
+        started = time.monotonic()
+        self._emit("rendezvous_started", restart_count=self._restart_count)
+        self._in_rendezvous = True
+        try:
+            if self._signal is not None:
+                raise SignalReceived(self._signal)
+            info = handler.next_rendezvous()
+        finally:
+            self._in_rendezvous = False
+        self._emit(
+            "rendezvous_completed",
+            round=info.round,
+            group_rank=info.group_rank,
+            group_world_size=info.group_world_size,
+            participants=list(info.participants),
+            duration=round(time.monotonic() - started, 6),
+        )
+        return info
+
+    def _loop(self, handler: RendezvousHandler, logs_specs: Any, pump: OutputPump, watchdog: Watchdog,
+              base_env: dict[str, str], cpus: list[frozenset[int] | None] | None) -> AgentResult:
+        config = self.config
+        remaining_restarts = config.max_restarts
+        while True:
+            info = self._rendezvous(handler)
+            group = self._start(info, logs_specs, pump, watchdog, base_env, cpus)
+            outcome, failed = self._watch(group, handler)
+            if outcome == "signal":
+                assert self._signal is not None
+                signum = self._signal
+                log.warning("received %s: forwarding it to %d worker(s)", signal.Signals(signum).name,
+                            len(group.running()))
+                group.stop(signum, config.shutdown_timeout)
+                group.close()
+                self._group = None
+                self._emit("job_failed", reason=f"agent received {signal.Signals(signum).name}")
+                return AgentResult(exit_code=128 + signum, message=f"received {signal.Signals(signum).name}")
+            if outcome == "succeeded":
+                group.close()
+                self._group = None
+                values = self._return_values(group)
+                self._exit_barrier(info)
+                handler.set_closed()
+                self._emit("job_succeeded", restart_count=self._restart_count)
+                return AgentResult(exit_code=0, return_values=values)
+            if outcome == "membership":
+                group.stop(signal.SIGTERM, config.shutdown_timeout)
+                group.close()
+                self._group = None
+                continue
+            # A worker failed.
+            group.stop(signal.SIGTERM, config.shutdown_timeout)
+            group.drain_output(group.slots)
+            failures = self._failures(group, failed)
+            group.close()
+            self._group = None
+            if remaining_restarts > 0:
+                remaining_restarts -= 1
+                self._restart_count += 1
+                first = failures[0]
+                reason = f"local rank {first.local_rank} (pid {first.pid}) {_describe_exit(first)}"
+                log.warning("worker group failed: %s; restarting (%d of %d restarts left)",
+                            reason, remaining_restarts, config.max_restarts)
+                self._emit("group_restarted", count=self._restart_count, reason=reason)
+                continue
+            from launcher.failures.report import FailureReport
+
+            report = FailureReport.from_failures(failures)
+            self._write_report(report, logs_specs)
+            handler.set_closed()
+            self._emit("job_failed", reason="worker failure", failures=len(failures))
+            return AgentResult(exit_code=1, failures=failures, report=report)
+
+    def _start(self, info: RendezvousInfo, logs_specs: Any, pump: OutputPump, watchdog: Watchdog,
+               base_env: dict[str, str], cpus: list[frozenset[int] | None] | None) -> WorkerGroup:
+        config = self.config
+        ranks = assign_ranks(
+            info.store,
+            f"launcher/{config.run_id}/ranks/{info.round}",
+            info.group_rank,
+            info.group_world_size,
+            config.role,
+            config.nproc_per_node,
+            timeout=max(60.0, config.exit_barrier_timeout),
+        )
+        slots = []
+        envs: dict[int, dict[str, str]] = {}
+        for local_rank in range(config.nproc_per_node):
+            env = worker_environment(
+                config,
+                info,
+                (local_rank, ranks.base_rank + local_rank, ranks.base_role_rank + local_rank),
+                (ranks.world_size, ranks.role_world_size),
+                self._restart_count,
+                base_env,
+            )
+            if config.virtual_local_rank:
+                from launcher.devices import virtual_local_rank_env
+
+                env.update(virtual_local_rank_env(self.device_provider, local_rank, base_env))
+            envs[local_rank] = env
+            slots.append(WorkerSlot(local_rank, ranks.base_rank + local_rank, ranks.base_role_rank + local_rank, env))
+        dest = logs_specs.reify(envs)
+        for slot in slots:  # reify may have added TORCHELASTIC_ERROR_FILE
+            slot.env = envs[slot.local_rank]
+        if self.entry.function is not None and self._result_dir is None:
+            self._result_dir = tempfile.mkdtemp(prefix="launcher_results_")
+        group = WorkerGroup(slots, pump, watchdog)
+        self._group = group
+        group.start(
+            self.entry,
+            dest,
+            role=config.role,
+            prefix_template=config.log_line_prefix_template,
+            stdout_filters=config.duplicate_stdout_filters,
+            stderr_filters=config.duplicate_stderr_filters,
+            cpus=cpus,
+            start_method=config.start_method,
+            result_dir=self._result_dir or "",
+        )
+        self._emit(
+            "workers_started",
+            restart_count=self._restart_count,
+            group_rank=info.group_rank,
+            workers=[
+                {
+                    "local_rank": s.local_rank,
+                    "rank": s.global_rank,
+                    "pid": s.process.pid if s.process else None,
+                    "cpus": _cpu_list(cpus[s.local_rank]) if cpus and cpus[s.local_rank] else None,
+                }
+                for s in slots
+            ],
+        )
+        return group
+
+    def _watch(self, group: WorkerGroup, handler: RendezvousHandler) -> tuple[str, list[WorkerSlot]]:
+        """Block until the group needs attention: ``succeeded``, ``failed``, ``membership``, ``signal``."""
+        interval = self.config.monitor_interval
+        next_check = time.monotonic() + interval
+        while True:
+            if self._signal is not None:
+                return "signal", []
+            ended = group.wait(max(0.0, min(interval, next_check - time.monotonic())))
+            failed = [s for s in ended if s.process is not None and s.process.returncode != 0]
+            if failed:
+                # Collect every worker that already failed, so the root cause is the earliest.
+                failed += [
+                    s for s in group.slots
+                    if s not in failed and s.process is not None and s.process.poll() not in (None, 0)
+                ]
+                return "failed", failed
+            if group.all_done():
+                return "succeeded", []
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + interval
+                if self._membership_changed(handler):
+                    return "membership", []
+
+    def _membership_changed(self, handler: RendezvousHandler) -> bool:
+        try:
+            waiting = handler.num_nodes_waiting()
+            lost = handler.lost_nodes()
+        except (StoreError, RendezvousError, OSError) as exc:
+            log.warning("cannot reach the rendezvous store: %s", exc)
+            return False
+        if lost:
+            log.warning("lost contact with node(s) %s; re-forming the group", ", ".join(lost))
+            self._emit("membership_changed", lost=list(lost), waiting=waiting)
+            return True
+        if waiting > 0:
+            log.info("%d node(s) waiting to join; re-forming the group", waiting)
+            self._emit("membership_changed", lost=[], waiting=waiting)
+            return True
+        return False
+
+    def _failures(self, group: WorkerGroup, failed: list[WorkerSlot]) -> list[Any]:
+        from launcher.failures.report import WorkerFailure
+
+        failures = []
+        for slot in failed:
+            process = slot.process
+            assert process is not None
+            code = process.returncode
+            failures.append(
+                WorkerFailure(
+                    node=self.node,
+                    rank=slot.global_rank,
+                    local_rank=slot.local_rank,
+                    role=self.config.role,
+                    pid=process.pid,
+                    exitcode=code if code is not None and code >= 0 else None,
+                    signal=-code if code is not None and code < 0 else None,
+                    timestamp=process.ended_at or time.time(),
+                    error_file=slot.error_file,
+                    stderr_tail=group.stderr_tail(slot),
+                )
+            )
+            self._emit(
+                "worker_failed",
+                rank=slot.global_rank,
+                local_rank=slot.local_rank,
+                pid=process.pid,
+                exitcode=failures[-1].exitcode,
+                signal=failures[-1].signal,
+            )
+        failures.sort(key=lambda f: f.timestamp)
+        return failures
+
+    def _write_report(self, report: Any, logs_specs: Any) -> None:
+        with contextlib.suppress(Exception):
+            log_dir = getattr(logs_specs, "run_log_dir", None)
+            if log_dir:
+                report.write_json(os.path.join(log_dir, "failure_report.json"))
+
+    def _return_values(self, group: WorkerGroup) -> dict[int, Any]:
+        values: dict[int, Any] = {}
+        if self.entry.function is None:
+            return values
+        for slot in group.slots:
+            process = slot.process
+            result = getattr(process, "result", None)
+            if result is not None:
+                values[slot.global_rank] = result()
+        return values
+
+    def _exit_barrier(self, info: RendezvousInfo) -> None:
+        """Wait for every node to finish, so the node serving the store does not leave early."""
+        if info.group_world_size == 1 or info.store is None:
+            return
+        store = info.store
+        key = f"launcher/{self.config.run_id}/exit/{info.round}"
+        timeout = self.config.exit_barrier_timeout
+        try:
+            if store.add(f"{key}/count", 1) == info.group_world_size:
+                store.set(f"{key}/done", b"1")
+            store.wait([f"{key}/done"], timeout=timeout)
+        except (StoreError, OSError) as exc:
+            log.warning("exit barrier: not every node finished within %.0fs (%s); exiting anyway", timeout, exc)
+
+
+def _describe_exit(failure: Any) -> str:
+    if failure.signal:
+        try:
+            return f"was killed by {signal.Signals(failure.signal).name}"
+        except ValueError:
+            return f"was killed by signal {failure.signal}"
+    return f"exited with code {failure.exitcode}"
+
+
+def _cpu_list(cpus: frozenset[int] | None) -> str:
+    if not cpus:
+        return ""
+    ordered = sorted(cpus)
+    parts = []
+    start = prev = ordered[0]
+    for cpu in ordered[1:] + [-2]:
+        if cpu != prev + 1:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+            start = cpu
+        prev = cpu
+    return ",".join(parts)
+
+
+__all__ = ["Agent", "AgentResult", "Entrypoint", "LaunchError", "SignalReceived", "worker_environment"]

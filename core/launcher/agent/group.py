@@ -1,0 +1,256 @@
+"""The local worker group: starting every local worker, watching them, stopping them.
+
+A group lives for one attempt. It builds each worker's output routes from the LogsSpecs'
+destinations, starts the processes, registers them with the watchdog, and reports exits the
+moment they happen. Stopping sends a signal to every worker's process group, waits up to the
+shutdown timeout, then SIGKILLs whatever is left, including processes the workers started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from string import Template
+from typing import Any, BinaryIO
+
+from launcher.agent._watchdog_main import session_tree
+from launcher.agent.process import WorkerProcess, start_command, start_function
+from launcher.agent.watchdog import Watchdog
+from launcher.logs.pump import OutputPump, StreamRoute, open_log
+from launcher.logs.specs import CONSOLE
+
+log = logging.getLogger("launcher.agent")
+
+
+@dataclass
+class WorkerSlot:
+    """One local worker of an attempt: what it is, and its process once started."""
+
+    local_rank: int
+    global_rank: int
+    role_rank: int
+    env: dict[str, str]
+    process: WorkerProcess | None = None
+    streams: list[Any] = field(default_factory=list)
+    stderr_stream: Any = None
+    error_file: str | None = None
+
+
+@dataclass
+class Entrypoint:
+    """What every worker runs: a command (argv) or a Python callable with arguments."""
+
+    command: list[str] | None = None
+    function: Callable[..., Any] | None = None
+    args: tuple[Any, ...] = ()
+
+    @property
+    def name(self) -> str:
+        if self.command is not None:
+            return os.path.basename(self.command[0]) if self.command else ""
+        return getattr(self.function, "__qualname__", repr(self.function))
+
+
+def substitute_local_rank(argv: Sequence[str], local_rank: int) -> list[str]:
+    """torchrun's ``${local_rank}`` macro in worker arguments."""
+    return [arg.replace("${local_rank}", str(local_rank)) for arg in argv]
+
+
+def console_prefix(template: str | None, role: str, rank: int, local_rank: int, always: bool) -> bytes:
+    if template:
+        text = Template(template).safe_substitute(role_name=role, rank=rank, local_rank=local_rank)
+        return text.encode()
+    return f"[{role}{local_rank}]:".encode() if always else b""
+
+
+class WorkerGroup:
+    """The workers of one attempt on this node."""
+
+    def __init__(self, slots: list[WorkerSlot], pump: OutputPump, watchdog: Watchdog) -> None:
+        self.slots = slots
+        self._pump = pump
+        self._watchdog = watchdog
+        self._selector = selectors.DefaultSelector()
+        self._files: list[BinaryIO] = []
+        self._polled: list[WorkerSlot] = []  # workers without an exit descriptor
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def start(
+        self,
+        entry: Entrypoint,
+        dest: Any,
+        *,
+        role: str,
+        prefix_template: str | None,
+        stdout_filters: Sequence[str],
+        stderr_filters: Sequence[str],
+        cpus: Sequence[frozenset[int] | None] | None,
+        start_method: str,
+        result_dir: str,
+    ) -> None:
+        """Start every worker; ``dest`` is the LogsSpecs' LogsDest for this attempt."""
+        nproc = len(self.slots)
+        guarded = self._watchdog.running
+        close_fds = (self._watchdog.pipe_fd,) if self._watchdog.pipe_fd is not None else ()
+        tee_any = bool(dest.tee_stdouts) or bool(dest.tee_stderrs)
+        filtered_out = self._open_filtered(dest.filtered_stdout, stdout_filters)
+        filtered_err = self._open_filtered(dest.filtered_stderr, stderr_filters)
+        for slot in self.slots:
+            rank = slot.local_rank
+            prefix = console_prefix(prefix_template, role, slot.global_rank, rank, nproc > 1 or tee_any)
+            out_route = self._route(dest.stdouts.get(rank, CONSOLE), rank in dest.tee_stdouts, 1, prefix,
+                                    stdout_filters, filtered_out)
+            err_route = self._route(dest.stderrs.get(rank, CONSOLE), rank in dest.tee_stderrs, 2, prefix,
+                                    stderr_filters, filtered_err)
+            err_route.keep_tail = True
+            slot.error_file = dest.error_files.get(rank) or None
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            worker_cpus = cpus[rank] if cpus else None
+            try:
+                if entry.command is not None:
+                    argv = substitute_local_rank(entry.command, rank)
+                    slot.process = start_command(rank, argv, slot.env, out_w, err_w, worker_cpus,
+                                                 parent_death_signal=not guarded)
+                else:
+                    assert entry.function is not None
+                    slot.process = start_function(
+                        rank, entry.function, entry.args, slot.env, out_w, err_w,
+                        os.path.join(result_dir, f"result_{rank}.pickle"), start_method, worker_cpus,
+                        parent_death_signal=not guarded, close_fds=close_fds,
+                    )
+            except BaseException:
+                for fd in (out_r, out_w, err_r, err_w):
+                    os.close(fd)
+                raise
+            os.close(out_w)
+            os.close(err_w)
+            slot.streams = [self._pump.add(out_r, out_route), self._pump.add(err_r, err_route)]
+            slot.stderr_stream = slot.streams[1]
+            self._watchdog.watch(slot.process.pid)
+            if getattr(slot.process, "has_exit_fd", False):
+                self._selector.register(slot.process.fileno(), selectors.EVENT_READ, slot)
+            else:
+                self._polled.append(slot)
+
+    def _open_filtered(self, path: str, filters: Sequence[str]) -> BinaryIO | None:
+        if not filters or not path or path == os.devnull:
+            return None
+        handle = open_log(path)
+        self._files.append(handle)
+        return handle
+
+    def _route(self, target: str, tee: bool, console: int, prefix: bytes, filters: Sequence[str],
+               filtered: BinaryIO | None) -> StreamRoute:
+        route = StreamRoute(prefix=prefix, filters=[f.encode() for f in filters], filtered_file=filtered)
+        if target == CONSOLE:
+            route.console_fd = console
+        elif target != os.devnull:
+            route.file = open_log(target)
+            self._files.append(route.file)
+            if tee:
+                route.console_fd = console
+        return route
+
+    # -- watching ----------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> list[int]:
+        return [slot.process.pid for slot in self.slots if slot.process is not None]
+
+    def running(self) -> list[WorkerSlot]:
+        return [s for s in self.slots if s.process is not None and s.process.poll() is None]
+
+    def wait(self, timeout: float) -> list[WorkerSlot]:
+        """Block up to ``timeout`` seconds for worker exits; the workers that ended, if any."""
+        poll_interval = 0.05 if self._polled else timeout
+        ready = self._selector.select(min(timeout, poll_interval)) if self._selector.get_map() else []
+        if not self._selector.get_map() and not self._polled:
+            time.sleep(timeout)
+        ended = []
+        for key, _ in ready:
+            slot: WorkerSlot = key.data
+            if slot.process is not None and slot.process.poll() is not None:
+                self._selector.unregister(key.fd)
+                ended.append(slot)
+        for slot in list(self._polled):
+            if slot.process is not None and slot.process.poll() is not None:
+                self._polled.remove(slot)
+                ended.append(slot)
+        return ended
+
+    def all_done(self) -> bool:
+        return all(s.process is not None and s.process.poll() is not None for s in self.slots)
+
+    def drain_output(self, slots: Sequence[WorkerSlot], timeout: float = 2.0) -> None:
+        """Wait (bounded) until the given workers' output has all been routed."""
+        streams = [stream for slot in slots for stream in slot.streams]
+        if not self._pump.wait(streams, timeout):
+            log.debug("output of some workers still open after %.1fs (a child holds the pipe)", timeout)
+
+    def stderr_tail(self, slot: WorkerSlot, lines: int = 20) -> list[str]:
+        return self._pump.tail(slot.stderr_stream, lines) if slot.stderr_stream is not None else []
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def signal_all(self, signum: int) -> None:
+        for slot in self.running():
+            assert slot.process is not None
+            slot.process.signal_group(signum)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        """Signal every running worker's group, wait up to ``timeout``, then SIGKILL the rest."""
+        alive = self.running()
+        # Note every process of the workers' trees now, while parent links still lead to them:
+        # a descendant that left its worker's session would otherwise be lost once it is orphaned.
+        tree = session_tree({slot.process.pid for slot in self.slots if slot.process is not None}) if alive else set()
+        if alive:
+            log.info("stopping %d worker(s) with %s", len(alive), signal.Signals(signum).name)
+            for slot in alive:
+                assert slot.process is not None
+                slot.process.signal_group(signum)
+            deadline = time.monotonic() + timeout
+            while self.running() and time.monotonic() < deadline:
+                self.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            for slot in self.running():
+                assert slot.process is not None
+                log.warning("worker local rank %d (pid %d) did not exit within %.0fs of %s; killing it",
+                            slot.local_rank, slot.process.pid, timeout, signal.Signals(signum).name)
+                slot.process.signal_group(signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while self.running() and time.monotonic() < deadline:
+                self.wait(0.02)
+        self.reap_leftovers()
+        for pid in tree - set(self.pids):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def reap_leftovers(self) -> None:
+        """Kill what exited workers left behind in their process groups (no process outlives us)."""
+        for slot in self.slots:
+            if slot.process is not None and slot.process.poll() is not None and slot.process.signal_group(
+                signal.SIGKILL
+            ):
+                log.info("killed processes left behind by worker local rank %d (pid %d)",
+                         slot.local_rank, slot.process.pid)
+
+    def close(self) -> None:
+        """Release descriptors and files once every worker has ended."""
+        self.reap_leftovers()
+        self.drain_output(self.slots, timeout=2.0)
+        for slot in self.slots:
+            if slot.process is not None:
+                self._watchdog.forget(slot.process.pid)
+                slot.process.close()
+        self._selector.close()
+        for handle in self._files:
+            with contextlib.suppress(ValueError, OSError):
+                handle.close()
+        self._files.clear()

@@ -1,0 +1,246 @@
+"""Starting one worker process, and knowing the moment it ends.
+
+Each worker runs in a session of its own (so a forwarded signal reaches the worker and everything
+it started, and a terminal's Ctrl-C reaches only the agent), with the parent-death signal set to
+SIGKILL so that it cannot outlive an agent that is killed outright. Its stdout and stderr are
+pipes the agent reads. Exit is observed through a file descriptor (a pidfd, or the
+multiprocessing sentinel) that the agent's selector watches, so a worker's exit is noticed at
+once, not at the next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_libc: Any = None
+
+
+def _prctl() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc.prctl
+
+
+def die_with_parent(expected_parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux).
+
+    If the parent already died before the request took effect, exit at once: otherwise the
+    request would be too late to matter.
+    """
+    _prctl()(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != expected_parent:
+        os._exit(1)
+
+
+class WorkerProcess:
+    """A running worker: its pid, a descriptor readable once it exits, and its exit status."""
+
+    def __init__(self, local_rank: int, pid: int, started_at: float) -> None:
+        self.local_rank = local_rank
+        self.pid = pid
+        self.started_at = started_at
+        #: ``None`` while running; then 0, a positive exit code, or ``-signum``.
+        self.returncode: int | None = None
+        self.ended_at: float | None = None
+
+    def fileno(self) -> int:
+        raise NotImplementedError
+
+    def poll(self) -> int | None:
+        """Reap the process if it has exited; its return code or ``None``."""
+        raise NotImplementedError
+
+    def signal_group(self, signum: int) -> bool:
+        """Send ``signum`` to the worker's process group; whether anything received it."""
+        try:
+            os.killpg(self.pid, signum)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def close(self) -> None:
+        """Release the exit descriptor."""
+
+
+class CommandWorker(WorkerProcess):
+    """A worker that runs a command (``python -u script.py``, ``python -m mod``, a binary)."""
+
+    def __init__(self, local_rank: int, popen: subprocess.Popen[bytes], started_at: float) -> None:
+        super().__init__(local_rank, popen.pid, started_at)
+        self._popen = popen
+        self._pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self._pidfd = os.pidfd_open(popen.pid)
+
+    def fileno(self) -> int:
+        if self._pidfd is None:
+            raise OSError("pidfd_open is not available")
+        return self._pidfd
+
+    @property
+    def has_exit_fd(self) -> bool:
+        return self._pidfd is not None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            code = self._popen.poll()
+            if code is not None:
+                self.returncode = code
+                self.ended_at = time.time()
+        return self.returncode
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def start_command(
+    local_rank: int,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stdout_fd: int,
+    stderr_fd: int,
+    cpus: frozenset[int] | None = None,
+    cwd: str | None = None,
+    parent_death_signal: bool = True,
+) -> CommandWorker:
+    """Start ``argv`` as a worker writing to the given pipe ends.
+
+    ``parent_death_signal`` kills the worker itself when the agent dies; leave it off when a
+    watchdog guards the worker, which kills its whole tree instead (the signal would kill the
+    worker first and orphan its children before the watchdog could find them).
+    """
+    agent_pid = os.getpid()
+    _prctl()  # resolve libc before forking: the child should only make the call
+
+    def before_exec() -> None:
+        # Runs in the child between fork and exec; keep it to system calls.
+        if parent_death_signal:
+            die_with_parent(agent_pid)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    popen = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout_fd,
+        stderr=stderr_fd,
+        start_new_session=True,
+        preexec_fn=before_exec,
+        close_fds=True,
+        cwd=cwd,
+    )
+    return CommandWorker(local_rank, popen, time.time())
+
+
+class FunctionWorker(WorkerProcess):
+    """A worker that runs a Python callable through multiprocessing (spawn, fork or forkserver)."""
+
+    def __init__(self, local_rank: int, process: multiprocessing.process.BaseProcess, result_path: str,
+                 started_at: float) -> None:
+        assert process.pid is not None
+        super().__init__(local_rank, process.pid, started_at)
+        self._process = process
+        self.result_path = result_path
+
+    def fileno(self) -> int:
+        return self._process.sentinel
+
+    has_exit_fd = True
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._process.is_alive():
+            self._process.join(0)
+            self.returncode = self._process.exitcode
+            self.ended_at = time.time()
+        return self.returncode
+
+    def result(self) -> Any:
+        """The callable's return value (after a successful exit)."""
+        with open(self.result_path, "rb") as handle:
+            return pickle.load(handle)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._process.close()
+
+
+def _function_main(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    env: dict[str, str],
+    stdout: multiprocessing.connection.Connection,
+    stderr: multiprocessing.connection.Connection,
+    result_path: str,
+    agent_pid: int,
+    cpus: frozenset[int] | None,
+    parent_death_signal: bool,
+    close_fds: tuple[int, ...],
+) -> None:
+    """Entry point of a function worker, in the child process."""
+    os.setsid()
+    # A forked child inherits every descriptor of the agent; the watchdog's pipe must not stay
+    # open here, or the watchdog would never see the agent die.
+    for fd in close_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if parent_death_signal:
+        die_with_parent(agent_pid)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    os.dup2(stdout.fileno(), 1)
+    os.dup2(stderr.fileno(), 2)
+    stdout.close()
+    stderr.close()
+    os.environ.update(env)
+    result = fn(*args)
+    with open(result_path + ".tmp", "wb") as handle:
+        pickle.dump(result, handle)
+    os.replace(result_path + ".tmp", result_path)
+
+
+def start_function(
+    local_rank: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    env: Mapping[str, str],
+    stdout_fd: int,
+    stderr_fd: int,
+    result_path: str,
+    start_method: str,
+    cpus: frozenset[int] | None = None,
+    parent_death_signal: bool = True,
+    close_fds: tuple[int, ...] = (),
+) -> FunctionWorker:
+    """Start ``fn(*args)`` in a new process whose output goes to the given pipe ends."""
+    context = multiprocessing.get_context(start_method)
+    # Connections pickle as duplicated descriptors, so the pipe ends reach the child whatever
+    # the start method; the child moves them onto fds 1 and 2.
+    out = multiprocessing.connection.Connection(os.dup(stdout_fd), readable=False)
+    err = multiprocessing.connection.Connection(os.dup(stderr_fd), readable=False)
+    process = context.Process(
+        target=_function_main,
+        args=(fn, args, dict(env), out, err, result_path, os.getpid(), cpus, parent_death_signal,
+              close_fds if start_method == "fork" else ()),
+        name=f"launcher-worker-{local_rank}",
+    )
+    try:
+        process.start()
+    finally:
+        out.close()
+        err.close()
+    return FunctionWorker(local_rank, process, result_path, time.time())

@@ -1,0 +1,57 @@
+"""Global and role ranks for this node's workers, agreed through the rendezvous store.
+
+Every node publishes its role and local world size under one key; the node of group rank 0 reads
+them all, computes every node's rank offsets and writes one key per node, which that node reads.
+Each node other than rank 0 thus makes O(1) store calls, and rank 0 makes O(1) batched calls, so
+the exchange stays cheap at thousands of nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from launcher.store.api import KeyValueStore
+
+
+@dataclass(frozen=True)
+class NodeRanks:
+    """Where this node's workers sit in the job."""
+
+    base_rank: int
+    world_size: int
+    base_role_rank: int
+    role_world_size: int
+
+
+def assign_ranks(
+    store: KeyValueStore | None,
+    prefix: str,
+    group_rank: int,
+    group_world_size: int,
+    role: str,
+    local_world_size: int,
+    timeout: float,
+) -> NodeRanks:
+    """This node's rank offsets; a one-node job needs no store."""
+    if group_world_size == 1 or store is None:
+        return NodeRanks(0, local_world_size, 0, local_world_size)
+    store.set(f"{prefix}/node/{group_rank}", json.dumps([role, local_world_size]).encode())
+    if group_rank == 0:
+        keys = [f"{prefix}/node/{rank}" for rank in range(group_world_size)]
+        nodes = [json.loads(value) for value in store.multi_get(keys, timeout=timeout)]
+        world = sum(size for _, size in nodes)
+        role_sizes: dict[str, int] = {}
+        results = []
+        base = 0
+        for node_role, size in nodes:
+            results.append([base, world, role_sizes.get(node_role, 0)])
+            base += size
+            role_sizes[node_role] = role_sizes.get(node_role, 0) + size
+        out_keys = [f"{prefix}/assigned/{rank}" for rank in range(group_world_size)]
+        values = [
+            json.dumps([b, w, r, role_sizes[nodes[i][0]]]).encode() for i, (b, w, r) in enumerate(results)
+        ]
+        store.multi_set(out_keys, values)
+    base_rank, world, base_role, role_world = json.loads(store.get(f"{prefix}/assigned/{group_rank}", timeout))
+    return NodeRanks(base_rank, world, base_role, role_world)

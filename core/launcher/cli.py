@@ -1,0 +1,108 @@
+"""The ``launcher`` command (and ``python -m launcher``).
+
+``launcher [torchrun flags] script [args]`` runs a job; ``launcher plugins [--json]`` lists the
+installed plugins. Invalid input ends with one line on stderr and exit status 2 before anything
+starts; a failed job ends with a failure report and a non-zero status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from launcher.errors import LaunchError, UsageError
+
+log = logging.getLogger("launcher")
+
+
+def _setup_logging() -> None:
+    level_name = os.environ.get("LOGLEVEL", "WARNING").upper()
+    level = getattr(logging, level_name, logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[launcher] %(levelname)s: %(message)s"))
+    root = logging.getLogger("launcher")
+    root.handlers[:] = [handler]
+    root.setLevel(level if isinstance(level, int) else logging.WARNING)
+    root.propagate = False
+
+
+def plugins_command(argv: Sequence[str]) -> int:
+    """``launcher plugins [--json]``: every installed plugin and what it provides."""
+    import json
+
+    from launcher.plugins.manager import get_plugin_manager, registration_rows
+
+    unknown = [arg for arg in argv if arg not in ("--json",)]
+    if unknown:
+        raise UsageError(f"launcher plugins: unknown argument {unknown[0]!r}; usage: launcher plugins [--json]")
+    manager = get_plugin_manager()
+    rows = registration_rows(manager)
+    if "--json" in argv:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ("KIND", "NAME", "DESCRIPTION", "FROM", "LOADED")
+    table = [header]
+    for row in rows:
+        provider = f"{row['distribution'] or '?'} {row['version'] or ''}".strip()
+        if row["group"] != "launcher":
+            provider += f" [{row['group']}]"
+        if row["loaded"]:
+            name = row["name"] + (f" ({', '.join(row['aliases'])})" if row["aliases"] else "")
+            table.append((row["kind"], name, row["description"], provider, "yes"))
+        else:
+            table.append(("-", row["plugin"], f"failed: {row['error']}", provider, "no"))
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(header) - 1)]
+    for row in table:
+        cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
+        print("  ".join([*cells, str(row[-1])]).rstrip())
+    return 0
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the command line ``argv`` (without the program name); the exit status."""
+    from launcher.config import config_from_args
+    from launcher.options import parse_args
+    from launcher.plugins.manager import get_plugin_manager
+
+    if list(argv[:1]) == ["plugins"]:
+        return plugins_command(argv[1:])
+    args = parse_args(argv)
+    manager = get_plugin_manager()
+    command_line = config_from_args(args, manager)
+
+    from launcher.agent.agent import Agent
+    from launcher.agent.group import Entrypoint
+
+    if command_line.run_path is not None:
+        from launcher.run_path import run_script
+
+        script, script_args = command_line.run_path
+        entry = Entrypoint(function=run_script, args=(script, *script_args))
+    else:
+        entry = Entrypoint(command=command_line.command)
+    agent = Agent(command_line.config, entry, manager, device_provider=command_line.device_provider)
+    result = agent.run()
+    if result.report is not None:
+        sys.stderr.write(result.report.render().rstrip("\n") + "\n")
+    elif result.message and result.exit_code != 0:
+        log.error("%s", result.message)
+    return result.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point."""
+    _setup_logging()
+    try:
+        code = run(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        sys.stderr.write(f"launcher: error: {exc}\n")
+        code = exc.exit_code
+    except LaunchError as exc:
+        sys.stderr.write(f"launcher: {exc}\n")
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.exit(code)

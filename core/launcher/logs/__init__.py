@@ -1,0 +1,1 @@
+"""Worker output: LogsSpecs (destinations) and the pump that moves the lines."""

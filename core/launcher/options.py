@@ -1,0 +1,168 @@
+"""The command line: every torchrun flag, in both spellings, with ``PET_*`` fallbacks.
+
+The parser only reads text; turning it into a validated :class:`~launcher.config.LaunchConfig`
+is :func:`launcher.config.config_from_args`. Any error is a :class:`~launcher.errors.UsageError`:
+one line, exit status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from launcher.errors import UsageError
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _env_name(dest: str) -> str:
+    return f"PET_{dest.upper()}"
+
+
+class _EnvDefault(argparse.Action):
+    """A value flag whose default comes from ``PET_<DEST>`` when that variable is set."""
+
+    def __init__(self, dest: str, default: Any = None, required: bool = False, **kwargs: Any) -> None:
+        env_value = os.environ.get(_env_name(dest))
+        if env_value is not None:
+            default = env_value
+        super().__init__(dest=dest, default=default, required=required, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+
+
+class _EnvSwitch(argparse.Action):
+    """An on/off flag whose default comes from ``PET_<DEST>``.
+
+    Unlike torchrun, an empty variable (as Kubeflow sets ``PET_STANDALONE=""``) means off.
+    """
+
+    def __init__(self, dest: str, default: bool = False, **kwargs: Any) -> None:
+        env_value = os.environ.get(_env_name(dest))
+        if env_value is not None:
+            lowered = env_value.strip().lower()
+            if lowered in _TRUE:
+                default = True
+            elif lowered in _FALSE:
+                default = False
+            else:
+                raise UsageError(
+                    f"{_env_name(dest)}={env_value!r} is not a switch value: use 1 or 0 (empty means off)"
+                )
+        super().__init__(dest=dest, default=default, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, True)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and raise instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _flag(*names: str) -> list[str]:
+    """``--foo-bar`` plus its underscore spelling ``--foo_bar``."""
+    spelled: list[str] = []
+    for name in names:
+        spelled.append(name)
+        if name.startswith("--") and "-" in name[2:]:
+            spelled.append("--" + name[2:].replace("-", "_"))
+    return spelled
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, identical in flags and defaults to torchrun 2.13's."""
+    parser = _Parser(
+        prog="launcher",
+        description=(
+            "Start a distributed PyTorch job: a drop-in replacement for torchrun. "
+            "'launcher plugins [--json]' lists installed plugins."
+        ),
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    # Size of the job.
+    add("--nnodes", action=_EnvDefault, default="1:1",
+        help="Number of nodes, or MIN:MAX for an elastic job (default 1:1).")
+    add(*_flag("--nproc-per-node"), action=_EnvDefault, default="1",
+        help="Workers per node: an integer, or a device kind (cpu, cuda/gpu, xpu, auto, or an "
+        "installed device provider's name).")
+    # Rendezvous.
+    add(*_flag("--rdzv-backend"), action=_EnvDefault, default="static", help="Rendezvous backend (default static).")
+    add(*_flag("--rdzv-endpoint"), action=_EnvDefault, default="",
+        help="Rendezvous endpoint, host[:port]; IPv6 as [::1]:29400.")
+    add(*_flag("--rdzv-id"), action=_EnvDefault, default="none", help="Job id shared by every node.")
+    add(*_flag("--rdzv-conf"), action=_EnvDefault, default="",
+        help="More rendezvous settings, key1=value1,key2=value2.")
+    add("--standalone", action=_EnvSwitch,
+        help="Single-node job with a local rendezvous on a free port; overrides --rdzv-backend, "
+        "--rdzv-endpoint and --rdzv-id.")
+    # Lifecycle.
+    add(*_flag("--max-restarts"), action=_EnvDefault, default="0",
+        help="Restarts of the worker group before the job fails (default 0).")
+    add(*_flag("--monitor-interval"), action=_EnvDefault, default="0.1",
+        help="Seconds between checks of the rendezvous while workers run (worker exits are noticed "
+        "at once).")
+    add(*_flag("--start-method"), action=_EnvDefault, default="spawn",
+        help="spawn, fork or forkserver (function entrypoints only).")
+    add(*_flag("--event-log-handler"), action=_EnvDefault, default="null",
+        help="Event sink name, or a comma list of names (default null).")
+    add("--role", action=_EnvDefault, default="default", help="Worker role name (default 'default').")
+    # How the script runs.
+    add("-m", "--module", action=_EnvSwitch, help="Run the script as a module, like 'python -m'.")
+    add(*_flag("--no-python"), action=_EnvSwitch, help="Run the script as an executable, without python.")
+    add(*_flag("--run-path"), action=_EnvSwitch, help="Run the script with runpy.run_path.")
+    # Logs.
+    add(*_flag("--log-dir"), action=_EnvDefault, default=None,
+        help="Base directory for worker logs; a job directory is created inside it per run.")
+    add("-r", "--redirects", action=_EnvDefault, default="0",
+        help="Send streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank "
+        "(0:1,1:2).")
+    add("-t", "--tee", action=_EnvDefault, default="0",
+        help="Send streams to log files and the console (same format as --redirects).")
+    add(*_flag("--local-ranks-filter"), action=_EnvDefault, default="",
+        help="Comma list of local ranks whose output the console shows (files keep every rank).")
+    add(*_flag("--duplicate-stdout-filters"), action=_EnvDefault, default="",
+        help="Comma list of strings; stdout lines containing any also go to filtered_stdout.log "
+        "(',,' escapes a comma).")
+    add(*_flag("--duplicate-stderr-filters"), action=_EnvDefault, default="",
+        help="Comma list of strings; stderr lines containing any also go to filtered_stderr.log.")
+    # Static rendezvous.
+    add(*_flag("--node-rank"), action=_EnvDefault, default="0", help="This node's rank (static backend).")
+    add(*_flag("--master-addr"), action=_EnvDefault, default="127.0.0.1",
+        help="Address of the node with rank 0 (static backend).")
+    add(*_flag("--master-port"), action=_EnvDefault, default=None,
+        help="Port of the store on the rank-0 node (static backend, default 29500).")
+    add(*_flag("--local-addr"), action=_EnvDefault, default=None,
+        help="This node's address as the other nodes should reach it (default: its FQDN).")
+    # Plugins and process control.
+    add(*_flag("--logs-specs"), default=None, help="Name of a LogsSpecs plugin.")
+    add(*_flag("--numa-binding"), default=None,
+        help="NUMA affinity strategy: node, socket, exclusive, core-complex, or a plugin's name.")
+    add(*_flag("--signals-to-handle"), action=_EnvDefault, default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        help="Signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT).")
+    add(*_flag("--shutdown-timeout"), action=_EnvDefault, default=None,
+        help="Seconds between a forwarded signal and SIGKILL (default TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30).")
+    add(*_flag("--virtual-local-rank"), action=_EnvSwitch,
+        help="Every worker sees LOCAL_RANK=0 and exactly one device.")
+    # launcher's own additions (no torchrun equivalent).
+    add(*_flag("--exit-barrier-timeout"), action=_EnvDefault, default="300",
+        help="Seconds a finished node waits for the others before exiting (default 300).")
+    add(*_flag("--numa-fallback"), action=_EnvDefault, default="warn", choices=("warn", "error"),
+        help="When a NUMA strategy cannot apply: warn and run unbound, or fail (default warn).")
+    add("training_script", help="The script (or, with --no-python, the program) each worker runs.")
+    add("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv`` (without the program name)."""
+    return build_parser().parse_args(list(argv))

@@ -1,0 +1,60 @@
+"""From a launch configuration to a rendezvous handler, through the backend plugins."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.rendezvous.api import RendezvousConfigError, RendezvousHandler, RendezvousParameters
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.config import LaunchConfig
+    from launcher.plugins.manager import LauncherPluginManager
+    from launcher.plugins.types import RendezvousBackend
+
+KIND = "rendezvous backend"
+
+
+def rendezvous_parameters(config: LaunchConfig) -> RendezvousParameters:
+    return RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        config={str(k): str(v) for k, v in config.rdzv_configs.items()},
+    )
+
+
+def _backend(config: LaunchConfig, manager: LauncherPluginManager) -> RendezvousBackend:
+    from launcher.plugins.types import RendezvousBackend
+
+    reg = manager.get(KIND, config.rdzv_backend)
+    assert isinstance(reg, RendezvousBackend)
+    return reg
+
+
+def check_rendezvous_config(config: LaunchConfig, manager: LauncherPluginManager) -> None:
+    """The backend exists and understands every ``--rdzv-conf`` key."""
+    reg = _backend(config, manager)
+    if reg.config_keys is None:
+        return
+    unknown = sorted(set(config.rdzv_configs) - reg.config_keys)
+    if unknown:
+        raise RendezvousConfigError(
+            f"--rdzv-conf key {unknown[0]!r} is unknown to the {reg.name} backend; "
+            f"known keys: {', '.join(sorted(reg.config_keys))}"
+        )
+
+
+def create_rendezvous_handler(config: LaunchConfig, manager: LauncherPluginManager) -> RendezvousHandler:
+    """The handler of the configured backend; a store-only backend gets the core's algorithm."""
+    reg = _backend(config, manager)
+    params = rendezvous_parameters(config)
+    if reg.create_handler is not None:
+        return reg.create_handler(params)
+    assert reg.create_store is not None
+    store = reg.create_store(params)
+    from launcher.rendezvous.dynamic import handler_over_store
+
+    return handler_over_store(store, params)

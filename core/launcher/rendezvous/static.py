@@ -1,0 +1,141 @@
+"""The static rendezvous: a fixed set of nodes, each told its rank (``--node-rank``).
+
+The node of rank 0 serves the store at ``--master-addr:--master-port`` (on loopback only when the
+job has one node); the others connect to it. Each round is a barrier: every node waits until all
+``nnodes`` have arrived at the same round, or fails after ``timeout`` seconds naming how many
+arrived. Workers use the same store (``TORCHELASTIC_USE_AGENT_STORE=True``).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+
+from launcher.errors import UsageError
+from launcher.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousTimeoutError,
+)
+from launcher.rendezvous.endpoint import format_endpoint, parse_endpoint
+from launcher.store.api import KeyValueStore, StoreError, StoreTimeoutError
+
+log = logging.getLogger("launcher.rendezvous")
+
+DEFAULT_TIMEOUT = 600.0
+CONFIG_KEYS = frozenset({"rank", "timeout"})
+
+
+class StaticRendezvous:
+    """A :class:`~launcher.rendezvous.api.RendezvousHandler` for a fixed-size job."""
+
+    def __init__(self, params: RendezvousParameters) -> None:
+        if params.min_nodes != params.max_nodes:
+            raise UsageError("the static rendezvous needs a fixed --nnodes; use c10d for MIN:MAX")
+        self._params = params
+        self.world_size = params.max_nodes
+        self.rank = params.get_as_int("rank", 0)
+        self.timeout = params.get_as_float("timeout", DEFAULT_TIMEOUT)
+        self.host, self.port = parse_endpoint(params.endpoint, 29500)
+        self._server = None
+        self._store: KeyValueStore | None = None
+        self._round = 0
+        self._closed = False
+        self._prefix = f"launcher/static/{params.run_id}"
+
+    def _serve_or_connect(self) -> KeyValueStore:
+        from launcher.store.client import TCPStoreClient
+
+        if self.rank == 0:
+            from launcher.store.server import StoreServer
+
+            # One node: nothing but its own workers should reach the store.
+            if self.world_size == 1:
+                bind = "::1" if ":" in self.host else "127.0.0.1"
+            else:
+                bind = "::" if ":" in self.host else "0.0.0.0"
+            server = StoreServer(bind, self.port)
+            try:
+                server.start()
+            except (OSError, StoreError) as exc:
+                cause = exc if isinstance(exc, OSError) else exc.__cause__
+                if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+                    raise RendezvousError(
+                        f"port {self.port} is already in use on this node (another job?): choose a free "
+                        "--master-port, or use --standalone to get one automatically"
+                    ) from None
+                raise RendezvousError(f"cannot serve the store on {format_endpoint(bind, self.port)}: {exc}") from None
+            self._server = server
+            if self.world_size == 1:
+                self.host = bind
+            return TCPStoreClient(bind if bind not in ("0.0.0.0", "::") else "127.0.0.1", server.port,
+                                  timeout=self.timeout)
+        return TCPStoreClient(self.host, self.port, timeout=self.timeout)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._closed:
+            raise RendezvousClosedError(f"the rendezvous of run {self._params.run_id!r} is closed")
+        if self._store is None:
+            self._store = self._serve_or_connect()
+        self._round += 1
+        if self.world_size > 1:
+            self._barrier(self._store, self._round)
+        port = self._server.port if self._server is not None else self.port
+        return RendezvousInfo(
+            store=self._store if self.world_size > 1 else None,
+            group_rank=self.rank,
+            group_world_size=self.world_size,
+            master_addr=self.host,
+            master_port=port,
+            use_agent_store=True,
+            round=self._round,
+            participants=[],
+        )
+
+    def _barrier(self, store: KeyValueStore, round_: int) -> None:
+        key = f"{self._prefix}/round{round_}"
+        arrived = store.add(f"{key}/arrived", 1)
+        if arrived == self.world_size:
+            store.set(f"{key}/complete", b"1")
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                store.wait([f"{key}/complete"], timeout=min(30.0, max(0.1, deadline - time.monotonic())))
+                return
+            except StoreTimeoutError:
+                count = store.add(f"{key}/arrived", 0)
+                if time.monotonic() >= deadline:
+                    raise RendezvousTimeoutError(
+                        f"static rendezvous round {round_}: only {count} of {self.world_size} nodes arrived "
+                        f"within {self.timeout:.0f}s (store {format_endpoint(self.host, self.port)})"
+                    ) from None
+                log.info("waiting for nodes: %d of %d arrived (round %d, %.0fs until timeout)",
+                         count, self.world_size, round_, deadline - time.monotonic())
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def set_closed(self) -> None:
+        self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def lost_nodes(self) -> list[str]:
+        return []
+
+    def get_run_id(self) -> str:
+        return self._params.run_id
+
+    def shutdown(self) -> bool:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        return True
+

@@ -1,0 +1,54 @@
+"""Shared helpers for launcher's tests: run the real command on real scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+LAUNCHER = [sys.executable, "-m", "launcher"]
+
+
+def launcher_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a launcher run: ours, without the PET_* and torchelastic variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
+    env.pop("OMP_NUM_THREADS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_launcher(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``launcher ARGS`` to completion and capture its output."""
+    return subprocess.run(
+        [*LAUNCHER, *args],
+        env=launcher_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def write_script(tmp_path: Path) -> Callable[[str, str], str]:
+    """``write_script(name, source)`` writes a dedented script into tmp_path; returns its path."""
+
+    def _write(name: str, source: str) -> str:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(source))
+        return str(path)
+
+    return _write
