@@ -1,0 +1,442 @@
+"""A blocking TCPStore client in pure Python.
+
+:class:`TCPStoreClient` speaks torch's TCPStore wire protocol (see ``docs/store.md``), so it
+works against launcher's own :class:`~launcher.store.server.StoreServer` and against a server
+started by torch (``torch.distributed.TCPStore(..., is_master=True)``), without importing torch.
+It implements :class:`~launcher.store.api.KeyValueStore`.
+
+Keys get the same ``"/"`` prefix torch's client adds, so a value set here under ``"k"`` is what a
+worker's ``TCPStore.get("k")`` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Final
+
+from launcher.store.api import StoreError, StoreTimeoutError
+from launcher.store.server import (
+    KEY_PREFIX,
+    VALIDATION_MAGIC,
+    CheckResponse,
+    QueryType,
+    WaitResponse,
+    format_address,
+)
+
+__all__ = ["QueueEmptyError", "TCPStoreClient"]
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+
+# After a wait times out we send CANCEL_WAIT; the server answers at once, but give it this long
+# before declaring the connection dead.
+_CANCEL_GRACE_S: Final = 30.0
+_MAX_RETRY_DELAY_S: Final = 1.0
+
+
+class QueueEmptyError(StoreError):
+    """:meth:`TCPStoreClient.queue_pop` found the queue empty."""
+
+
+def _blob(data: bytes) -> bytes:
+    return _U64.pack(len(data)) + data
+
+
+def _as_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return bytes(value)
+
+
+class _Deadline:
+    """A point in time (or none: wait forever) that blocking socket calls count down to."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, seconds: float | None) -> None:
+        self.at = None if seconds is None else time.monotonic() + max(0.0, seconds)
+
+    def remaining(self) -> float | None:
+        """Seconds left; raises :class:`TimeoutError` once it has passed."""
+        if self.at is None:
+            return None
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
+
+
+class TCPStoreClient:
+    """A connection to a TCPStore-protocol server at ``host:port``.
+
+    ``timeout`` (seconds, ``None`` = forever) bounds every call, and is the default for calls
+    that take their own ``timeout`` (:meth:`get`, :meth:`wait`, :meth:`multi_get`). The
+    constructor connects, retrying with backoff until ``connect_timeout`` (default: ``timeout``)
+    passes, then raises :class:`~launcher.store.api.StoreError` naming the address. A call that
+    times out raises :class:`~launcher.store.api.StoreTimeoutError`; a timed-out wait leaves the
+    connection usable, while any other failure drops it and the next call reconnects.
+
+    One call runs at a time (calls from several threads are serialized); use a client per thread
+    for parallelism.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float | None = 300.0,
+        connect_timeout: float | None = None,
+    ) -> None:
+        if not 0 < port < 1 << 16:
+            raise ValueError(f"port must be in [1, 65535], got {port}")
+        self._host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        self._port = port
+        self.timeout = timeout
+        self._connect_timeout = timeout if connect_timeout is None else connect_timeout
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._closed = False
+        self._connect()
+
+    # ------------------------------------------------------------------ connection
+
+    @property
+    def host(self) -> str:
+        """The server's host as given."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The server's port."""
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """``host:port``, IPv6 hosts in brackets."""
+        return format_address(self._host, self._port)
+
+    def _connect(self) -> None:
+        budget = self._connect_timeout
+        deadline = _Deadline(budget)
+        delay = 0.01
+        attempts = 0
+        last_error: BaseException | None = None
+        while True:
+            try:
+                left = deadline.remaining()
+            except TimeoutError:
+                break
+            attempts += 1
+            sock: socket.socket | None = None
+            try:
+                # create_connection tries every address the host resolves to (IPv4 and IPv6).
+                sock = socket.create_connection((self._host, self._port), timeout=left)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._handshake(sock, deadline)
+                self._sock = sock
+                return
+            except (OSError, StoreError) as exc:
+                # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
+                if sock is not None:
+                    sock.close()
+                last_error = exc
+            try:
+                left = deadline.remaining()
+            except TimeoutError:
+                break
+            pause = delay * random.uniform(0.5, 1.0)  # jitter: clients must not retry in lockstep
+            time.sleep(pause if left is None else min(pause, left))
+            delay = min(delay * 2, _MAX_RETRY_DELAY_S)
+        raise StoreError(
+            f"could not connect to the store at {self.address} within {budget:g} s "
+            f"({attempts} attempts; last error: {last_error or 'none'})"
+        ) from last_error
+
+    def _handshake(self, sock: socket.socket, deadline: _Deadline) -> None:
+        # What torch's client does: a validation message (no reply), then a ping whose nonce the
+        # server must echo; the ping proves the server accepted us.
+        nonce = os.getpid() & 0xFFFFFFFF
+        validate = _U8.pack(QueryType.VALIDATE) + _U32.pack(VALIDATION_MAGIC)
+        msg = validate + _U8.pack(QueryType.PING) + _U32.pack(nonce)
+        sock.settimeout(deadline.remaining())
+        sock.sendall(msg)
+        (echo,) = _U32.unpack(self._recv_exact(sock, 4, deadline))
+        if echo != nonce:
+            raise StoreError(f"store at {self.address} answered the ping with {echo}, expected {nonce}")
+
+    def close(self) -> None:
+        """Close the connection; later calls raise :class:`StoreError`. Idempotent, and safe to
+        call from another thread to interrupt a blocked call."""
+        self._closed = True
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def __enter__(self) -> TCPStoreClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TCPStoreClient({self.address}{', closed' if self._closed else ''})"
+
+    # ------------------------------------------------------------------ plumbing
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[socket.socket]:
+        """Serialize a call, (re)connect if needed, and turn socket failures into store errors."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"store client for {self.address} is closed")
+            if self._sock is None:
+                self._connect()
+            sock = self._sock
+            assert sock is not None
+            try:
+                yield sock
+            except StoreError:
+                raise
+            except TimeoutError as exc:
+                # The reply may still arrive later and would be read as the answer to the next
+                # call: the connection cannot be trusted any more.
+                self._drop()
+                raise StoreTimeoutError(
+                    f"store call to {self.address} timed out after {self.timeout} s"
+                ) from exc
+            except OSError as exc:
+                self._drop()
+                if self._closed:
+                    raise StoreError(f"store client for {self.address} was closed") from exc
+                raise StoreError(f"connection to the store at {self.address} failed: {exc}") from exc
+
+    def _drop(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    @staticmethod
+    def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            sock.settimeout(deadline.remaining())
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("the store closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    def _send(self, sock: socket.socket, data: bytes, deadline: _Deadline) -> None:
+        sock.settimeout(deadline.remaining())
+        sock.sendall(data)
+
+    def _recv_u8(self, sock: socket.socket, deadline: _Deadline) -> int:
+        return self._recv_exact(sock, 1, deadline)[0]
+
+    def _recv_i64(self, sock: socket.socket, deadline: _Deadline) -> int:
+        return int(_I64.unpack(self._recv_exact(sock, 8, deadline))[0])
+
+    def _recv_blob(self, sock: socket.socket, deadline: _Deadline) -> bytes:
+        (n,) = _U64.unpack(self._recv_exact(sock, 8, deadline))
+        return self._recv_exact(sock, n, deadline) if n else b""
+
+    def _deadline(self) -> _Deadline:
+        return _Deadline(self.timeout)
+
+    @staticmethod
+    def _key(key: str) -> bytes:
+        return (KEY_PREFIX + key).encode("utf-8")
+
+    @staticmethod
+    def _keys(keys: Sequence[str]) -> bytes:
+        return _U64.pack(len(keys)) + b"".join(_blob(TCPStoreClient._key(k)) for k in keys)
+
+    def _wait_reply(self, sock: socket.socket, timeout: float | None, what: str) -> None:
+        """After WAIT or BARRIER: block for STOP_WAITING, or cancel once ``timeout`` passes."""
+        try:
+            reply = self._recv_u8(sock, _Deadline(timeout))
+        except TimeoutError:
+            pass  # nothing was read, so the stream is still in step: cancel below
+        else:
+            if reply != WaitResponse.STOP_WAITING:
+                raise StoreError(f"store at {self.address} sent {reply} while we were waiting")
+            return
+        grace = _Deadline(_CANCEL_GRACE_S)
+        self._send(sock, _U8.pack(QueryType.CANCEL_WAIT), grace)
+        reply = self._recv_u8(sock, grace)
+        if reply == WaitResponse.STOP_WAITING:
+            # The wait finished just before the cancel arrived; the cancel is acknowledged next.
+            reply = self._recv_u8(sock, grace)
+        if reply != WaitResponse.WAIT_CANCELED:
+            raise StoreError(f"store at {self.address} sent {reply} instead of acknowledging a cancel")
+        raise StoreTimeoutError(
+            f"timed out after {timeout} s waiting for {what} on the store at {self.address}"
+        )
+
+    def _do_wait(self, sock: socket.socket, keys: Sequence[str], timeout: float | None) -> None:
+        self._send(sock, _U8.pack(QueryType.WAIT) + self._keys(keys), self._deadline())
+        self._wait_reply(sock, timeout, f"keys {list(keys)[:5]}")
+
+    def _resolve(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    # ------------------------------------------------------------------ KeyValueStore
+
+    def set(self, key: str, value: bytes) -> None:
+        """Set ``key`` to ``value`` (``str`` values are UTF-8 encoded)."""
+        msg = _U8.pack(QueryType.SET) + _blob(self._key(key)) + _blob(_as_bytes(value))
+        with self._call() as sock:
+            self._send(sock, msg, self._deadline())
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """The value of ``key``, waiting up to ``timeout`` seconds for it to exist."""
+        with self._call() as sock:
+            self._do_wait(sock, [key], self._resolve(timeout))
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.GET) + _blob(self._key(key)), deadline)
+            return self._recv_blob(sock, deadline)
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the integer at ``key`` (missing counts as 0); the new value."""
+        msg = _U8.pack(QueryType.ADD) + _blob(self._key(key)) + _I64.pack(amount)
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, msg, deadline)
+            return self._recv_i64(sock, deadline)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (or is missing and ``expected`` is
+        empty); return the value now stored. Quirk kept from torch's server: for a missing key
+        and a non-empty ``expected`` the answer is ``expected`` although nothing is stored, so
+        test success with ``result == desired``."""
+        msg = (
+            _U8.pack(QueryType.COMPARE_SET)
+            + _blob(self._key(key))
+            + _blob(_as_bytes(expected))
+            + _blob(_as_bytes(desired))
+        )
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, msg, deadline)
+            return self._recv_blob(sock, deadline)
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        """Values of several keys, waiting up to ``timeout`` seconds until all exist."""
+        keys = list(keys)
+        with self._call() as sock:
+            self._do_wait(sock, keys, self._resolve(timeout))
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.MULTI_GET) + self._keys(keys), deadline)
+            return [self._recv_blob(sock, deadline) for _ in keys]
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        """Set several keys in one request."""
+        if len(keys) != len(values):
+            raise ValueError("multi_set needs as many values as keys")
+        body = b"".join(_blob(self._key(k)) + _blob(_as_bytes(v)) for k, v in zip(keys, values, strict=True))
+        msg = _U8.pack(QueryType.MULTI_SET) + _I64.pack(len(keys)) + body
+        with self._call() as sock:
+            self._send(sock, msg, self._deadline())
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every key exists, without waiting."""
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.CHECK) + self._keys(keys), deadline)
+            reply = self._recv_u8(sock, deadline)
+        if reply not in (CheckResponse.READY, CheckResponse.NOT_READY):
+            raise StoreError(f"store at {self.address} answered CHECK with {reply}")
+        return reply == CheckResponse.READY
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        """Block until every key exists; :class:`StoreTimeoutError` after ``timeout`` seconds."""
+        with self._call() as sock:
+            self._do_wait(sock, list(keys), self._resolve(timeout))
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; whether it existed."""
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.DELETE_KEY) + _blob(self._key(key)), deadline)
+            return self._recv_i64(sock, deadline) == 1
+
+    # ------------------------------------------------------------------ extras
+
+    def num_keys(self) -> int:
+        """How many keys the server holds (every namespace, as torch's ``num_keys`` counts)."""
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.GETNUMKEYS), deadline)
+            return self._recv_i64(sock, deadline)
+
+    def append(self, key: str, value: bytes) -> None:
+        """Append ``value`` to the bytes at ``key``, creating it if missing."""
+        msg = _U8.pack(QueryType.APPEND) + _blob(self._key(key)) + _blob(_as_bytes(value))
+        with self._call() as sock:
+            self._send(sock, msg, self._deadline())
+
+    def ping(self) -> None:
+        """Round-trip a nonce; raises :class:`StoreError` when the server is gone."""
+        nonce = random.getrandbits(32)
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.PING) + _U32.pack(nonce), deadline)
+            (echo,) = _U32.unpack(self._recv_exact(sock, 4, deadline))
+        if echo != nonce:
+            raise StoreError(f"store at {self.address} answered a ping with {echo}, expected {nonce}")
+
+    def list_keys(self) -> list[str]:
+        """The keys in this client's namespace (those torch's and our clients set)."""
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.LIST_KEYS), deadline)
+            count = self._recv_i64(sock, deadline)
+            raw = [self._recv_blob(sock, deadline) for _ in range(count)]
+        prefix = KEY_PREFIX.encode()
+        return [k[len(prefix) :].decode("utf-8", "replace") for k in raw if k.startswith(prefix)]
+
+    def barrier(self, key: str, world_size: int, timeout: float | None = None) -> None:
+        """Arrive at the barrier ``key`` and block until ``world_size`` participants have."""
+        msg = _U8.pack(QueryType.BARRIER) + _blob(self._key(key)) + _I64.pack(world_size)
+        with self._call() as sock:
+            self._send(sock, msg, self._deadline())
+            self._wait_reply(sock, self._resolve(timeout), f"barrier {key!r}")
+
+    def queue_push(self, key: str, value: bytes) -> None:
+        """Append ``value`` to the queue ``key`` (a namespace separate from plain keys)."""
+        msg = _U8.pack(QueryType.QUEUE_PUSH) + _blob(self._key(key)) + _blob(_as_bytes(value))
+        with self._call() as sock:
+            self._send(sock, msg, self._deadline())
+
+    def queue_pop(self, key: str, block: bool = True, timeout: float | None = None) -> bytes:
+        """Remove and return the oldest item of queue ``key``; with ``block``, wait up to
+        ``timeout`` seconds for one, else raise :class:`QueueEmptyError` when empty."""
+        with self._call() as sock:
+            if block:
+                self._do_wait(sock, [key], self._resolve(timeout))
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.QUEUE_POP) + _blob(self._key(key)), deadline)
+            length = self._recv_i64(sock, deadline)
+            if length <= 0:
+                raise QueueEmptyError(f"queue {key!r} is empty")
+            return self._recv_blob(sock, deadline)
+
+    def queue_len(self, key: str) -> int:
+        """Number of items in queue ``key``."""
+        with self._call() as sock:
+            deadline = self._deadline()
+            self._send(sock, _U8.pack(QueryType.QUEUE_LEN) + _blob(self._key(key)), deadline)
+            return self._recv_i64(sock, deadline)
