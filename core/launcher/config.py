@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import sys
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -83,7 +81,7 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         if not self.run_id:
-            self.run_id = uuid.uuid4().hex
+            self.run_id = new_run_id()
         self.validate()
 
     def validate(self) -> None:
@@ -145,6 +143,17 @@ def signal_numbers(names: Sequence[str]) -> list[int]:
             )
         numbers.append(int(number))
     return numbers
+
+
+def new_run_id() -> str:
+    """A random job id (what ``uuid.uuid4().hex`` gives, without importing uuid)."""
+    return os.urandom(16).hex()
+
+
+def _which(program: str) -> str | None:
+    import shutil
+
+    return shutil.which(program)
 
 
 # -- parsing of individual flag values ----------------------------------------------------------
@@ -283,7 +292,7 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         if os.sep in script:
             if not (os.path.isfile(script) and os.access(script, os.X_OK)):
                 raise UsageError(f"program {script!r} not found or not executable (--no-python runs it directly)")
-        elif shutil.which(script) is None:
+        elif _which(script) is None:
             raise UsageError(f"program {script!r} not found on PATH (--no-python runs it directly)")
         command = [script, *script_args]
     elif args.module:
@@ -298,7 +307,7 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
 
     rdzv_conf = parse_rdzv_conf(args.rdzv_conf)
     if args.standalone:
-        backend, endpoint, run_id = "c10d", "localhost:0", uuid.uuid4().hex
+        backend, endpoint, run_id = "c10d", "localhost:0", new_run_id()
     else:
         backend, endpoint, run_id = args.rdzv_backend.strip().lower(), args.rdzv_endpoint, args.rdzv_id
     if backend == "static":

@@ -25,6 +25,28 @@ def process_stat(pid):
     return int(fields[1]), int(fields[3])
 
 
+def descendants(roots):
+    """``roots`` and every process below them, by the kernel's children lists (no full scan)."""
+    found = set()
+    pending = [pid for pid in roots]
+    while pending:
+        pid = pending.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                    pending.extend(int(child) for child in handle.read().split())
+            except OSError:
+                pass
+    return found
+
+
 def session_tree(sessions):
     """Pids in the given sessions, the session leaders, and all their descendants."""
     table = {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any, BinaryIO
 
-from launcher.agent._watchdog_main import session_tree
+from launcher.agent._watchdog_main import descendants
 from launcher.agent.process import WorkerProcess, start_command, start_function
 from launcher.agent.watchdog import Watchdog
 from launcher.logs.pump import OutputPump, StreamRoute, open_log
@@ -210,7 +210,7 @@ class WorkerGroup:
         alive = self.running()
         # Note every process of the workers' trees now, while parent links still lead to them:
         # a descendant that left its worker's session would otherwise be lost once it is orphaned.
-        tree = session_tree({slot.process.pid for slot in self.slots if slot.process is not None}) if alive else set()
+        tree = descendants([slot.process.pid for slot in alive if slot.process is not None])
         if alive:
             log.info("stopping %d worker(s) with %s", len(alive), signal.Signals(signum).name)
             for slot in alive:

@@ -11,16 +11,17 @@ once, not at the next poll.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import multiprocessing.connection
+    import multiprocessing.process
 
 _PR_SET_PDEATHSIG = 1
 _libc: Any = None
@@ -29,6 +30,8 @@ _libc: Any = None
 def _prctl() -> Any:
     global _libc
     if _libc is None:
+        import ctypes  # only workers without a watchdog need it
+
         _libc = ctypes.CDLL(None, use_errno=True)
     return _libc.prctl
 
@@ -124,7 +127,8 @@ def start_command(
     worker first and orphan its children before the watchdog could find them).
     """
     agent_pid = os.getpid()
-    _prctl()  # resolve libc before forking: the child should only make the call
+    if parent_death_signal:
+        _prctl()  # resolve libc before forking: the child should only make the call
 
     def before_exec() -> None:
         # Runs in the child between fork and exec; keep it to system calls.
@@ -140,7 +144,8 @@ def start_command(
         stdout=stdout_fd,
         stderr=stderr_fd,
         start_new_session=True,
-        preexec_fn=before_exec,
+        # Without a pre-exec function the child can be started with vfork, which is faster.
+        preexec_fn=before_exec if (parent_death_signal or cpus) else None,
         close_fds=True,
         cwd=cwd,
     )
@@ -227,6 +232,9 @@ def start_function(
     close_fds: tuple[int, ...] = (),
 ) -> FunctionWorker:
     """Start ``fn(*args)`` in a new process whose output goes to the given pipe ends."""
+    import multiprocessing
+    import multiprocessing.connection
+
     context = multiprocessing.get_context(start_method)
     # Connections pickle as duplicated descriptors, so the pipe ends reach the child whatever
     # the start method; the child moves them onto fds 1 and 2.

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import logging
 import os
-import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, TypeVar
 
 import pluggy
 
 from launcher.errors import UsageError
+from launcher.plugins import entrypoints
 from launcher.plugins.hookspec import HOOKS_BY_KIND, PROJECT, LauncherSpecs
 from launcher.plugins.types import LogsSpecsProvider, Registration
 
@@ -136,12 +135,11 @@ class LauncherPluginManager(pluggy.PluginManager):
             return
         self._entrypoints_loaded = True
         seen: set[tuple[str | None, str]] = set()
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = getattr(ep, "dist", None)
+        for ep in entrypoints.entry_points(ENTRY_POINT_GROUP):
             info = PluginInfo(
                 name=ep.name,
-                distribution=dist.metadata["Name"] if dist else None,
-                version=dist.version if dist else None,
+                distribution=ep.distribution,
+                version=ep.version,
                 group=ENTRY_POINT_GROUP,
                 value=ep.value,
             )
@@ -173,6 +171,8 @@ class LauncherPluginManager(pluggy.PluginManager):
         return self.allow is None or info.name in self.allow
 
     def _record_failure(self, info: PluginInfo, exc: BaseException) -> None:
+        import traceback
+
         info.error = f"{type(exc).__name__}: {exc}"
         info.traceback = traceback.format_exc()
         self._failures.append(info)
@@ -183,12 +183,11 @@ class LauncherPluginManager(pluggy.PluginManager):
     def _load_torchrun_logs_specs(self) -> None:
         # torch's group maps a name straight to a LogsSpecs class; loading it may import torch,
         # so it is wrapped in a registration that loads the class only when chosen.
-        for ep in metadata.entry_points(group="torchrun.logs_specs"):
-            dist = getattr(ep, "dist", None)
+        for ep in entrypoints.entry_points("torchrun.logs_specs"):
             info = PluginInfo(
                 name=ep.name,
-                distribution=dist.metadata["Name"] if dist else None,
-                version=dist.version if dist else None,
+                distribution=ep.distribution,
+                version=ep.version,
                 group="torchrun.logs_specs",
                 value=ep.value,
                 loaded=True,
