@@ -131,11 +131,25 @@ class NumaStrategy(Registration):
 class DeviceProvider(Registration):
     """A device-count provider (``--nproc-per-node NAME``).
 
-    ``count_devices`` returns how many devices of this kind the node may use (0 when none, or the
-    kind is unavailable). ``visible_devices_env`` names the variable that restricts a worker to
-    some devices (``CUDA_VISIBLE_DEVICES``), used by ``--virtual-local-rank``; ``None`` if there is
-    none. ``accelerator`` says whether ``auto`` may pick it, and ``priority`` orders the
-    accelerators ``auto`` tries (lowest first).
+    ``count_devices`` returns how many devices of this kind the node may use (0 when none); it may
+    raise when the kind cannot be counted at all (its library is missing), and the message then
+    reaches the user. ``visible_devices_env`` names the variable that restricts a worker to some
+    devices (``CUDA_VISIBLE_DEVICES``), used by ``--virtual-local-rank``; ``None`` if there is none.
+    ``accelerator`` says whether ``auto`` may pick it, and ``priority`` orders the accelerators
+    ``auto`` tries (lowest first; the built-ins use 10 to 30, so the default 100 comes after them).
+
+    Optional fields:
+
+    ``pci_bus_ids``
+        PCI bus ids (``0000:1b:00.0``) of the visible devices, in visible order, ``None`` for a
+        device without one; NUMA strategies use them to find each device's node.
+    ``answers_to``
+        for a provider whose name is only known at run time (torch's privateuse1 backend):
+        called with a name that no registration claims, returns whether this provider is meant.
+        It may do expensive work (import torch); it is only called on that miss path.
+    ``choose``
+        for a provider that stands for another (``auto``): called with every registered
+        provider, returns the one to count with. ``count_devices`` must still work on its own.
     """
 
     kind: ClassVar[str] = "device provider"
@@ -145,7 +159,11 @@ class DeviceProvider(Registration):
     accelerator: bool = field(default=True, kw_only=True)
     priority: int = field(default=100, kw_only=True)
     #: Optional: PCI bus ids of the visible devices, in visible order (for NUMA affinity).
-    pci_bus_ids: Callable[[], list[str | None]] | None = field(default=None, kw_only=True)
+    pci_bus_ids: Callable[[], list[str | None] | list[str]] | None = field(default=None, kw_only=True)
+    #: Optional: whether a name no registration claims means this provider.
+    answers_to: Callable[[str], bool] | None = field(default=None, kw_only=True)
+    #: Optional: pick the provider to use among all registered ones (``auto``).
+    choose: Callable[[list[DeviceProvider]], DeviceProvider] | None = field(default=None, kw_only=True)
 
 
 #: Every registration class, keyed by the kind name used in listings and errors.

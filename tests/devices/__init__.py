@@ -1,0 +1,1 @@
+"""Tests of launcher.devices: device-count providers and --virtual-local-rank."""

@@ -1,0 +1,1 @@
+"""Tests of launcher.numa: sysfs topology and NUMA affinity strategies."""
