@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from launcher.errors import LaunchError, UsageError
 
@@ -38,12 +39,12 @@ def plugins_command(argv: Sequence[str]) -> int:
     if unknown:
         raise UsageError(f"launcher plugins: unknown argument {unknown[0]!r}; usage: launcher plugins [--json]")
     manager = get_plugin_manager()
-    rows = registration_rows(manager)
+    rows: list[dict[str, Any]] = registration_rows(manager)
     if "--json" in argv:
         print(json.dumps(rows, indent=2))
         return 0
     header = ("KIND", "NAME", "DESCRIPTION", "FROM", "LOADED")
-    table = [header]
+    table: list[tuple[str, ...]] = [header]
     for row in rows:
         provider = f"{row['distribution'] or '?'} {row['version'] or ''}".strip()
         if row["group"] != "launcher":
@@ -54,9 +55,9 @@ def plugins_command(argv: Sequence[str]) -> int:
         else:
             table.append(("-", row["plugin"], f"failed: {row['error']}", provider, "no"))
     widths = [max(len(str(r[i])) for r in table) for i in range(len(header) - 1)]
-    for row in table:
-        cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
-        print("  ".join([*cells, str(row[-1])]).rstrip())
+    for line in table:
+        cells = [str(cell).ljust(width) for cell, width in zip(line, widths, strict=False)]
+        print("  ".join([*cells, str(line[-1])]).rstrip())
     return 0
 
 

@@ -313,7 +313,9 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
     if backend == "static":
         node_rank = _number(args.node_rank, "--node-rank", int)
         if not 0 <= node_rank < max_nodes:
-            raise UsageError(f"--node-rank {node_rank} is out of range: with --nnodes {args.nnodes} use 0..{max_nodes - 1}")
+            raise UsageError(
+                f"--node-rank {node_rank} is out of range: with --nnodes {args.nnodes} use 0..{max_nodes - 1}"
+            )
         if min_nodes != max_nodes:
             raise UsageError(f"--nnodes {args.nnodes}: the static backend needs a fixed size; use c10d for MIN:MAX")
         rdzv_conf["rank"] = str(node_rank)

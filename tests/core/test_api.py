@@ -6,7 +6,6 @@ import os
 import sys
 
 import pytest
-
 from launcher import LaunchConfig, launch
 from launcher.api import WorkerFailedError
 from launcher.errors import UsageError

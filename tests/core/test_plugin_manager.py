@@ -7,7 +7,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from launcher.plugins import hookimpl
 from launcher.plugins.hookspec import HOOKS_BY_KIND
 from launcher.plugins.manager import (

@@ -48,7 +48,8 @@ def test_restart_count_is_exported(write_script, tmp_path):
         f"""
         import json, os, sys
         with open({str(log)!r}, "a") as f:
-            f.write(json.dumps([os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["TORCHELASTIC_MAX_RESTARTS"]]) + "\\n")
+            counts = [os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["TORCHELASTIC_MAX_RESTARTS"]]
+            f.write(json.dumps(counts) + "\\n")
         sys.exit(0 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "2" else 1)
         """,
     )

@@ -35,7 +35,7 @@ def _dump(cmd, tmp_path, name, write_script):
     result = subprocess.run([*cmd, script, str(out)], env=launcher_env({"MARKER_VAR": "kept"}),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    return {int(p.split(".")[0]): json.load(open(out / p)) for p in os.listdir(out)}
+    return {int(p.split(".")[0]): json.loads((out / p).read_text()) for p in os.listdir(out)}
 
 
 def test_environment_matches_torchrun(tmp_path, write_script):
@@ -45,7 +45,7 @@ def test_environment_matches_torchrun(tmp_path, write_script):
     assert sorted(ours) == sorted(torchrun) == [0, 1, 2]
     for rank in ours:
         mine, theirs = ours[rank], torchrun[rank]
-        assert TORCHRUN_KEYS <= set(theirs)
+        assert set(theirs) >= TORCHRUN_KEYS
         # Every variable torchrun sets is set, with the same value unless it is run-specific.
         added_by_torchrun = {k for k in theirs if k not in os.environ or k in TORCHRUN_KEYS}
         for key in added_by_torchrun:
@@ -79,7 +79,7 @@ def test_omp_num_threads_kept_when_set(tmp_path, write_script):
     script = write_script("dump.py", DUMP)
     result = run_launcher(["--standalone", "--nproc-per-node", "2", script, str(out)], env={"OMP_NUM_THREADS": "3"})
     assert result.returncode == 0
-    assert json.load(open(out / "0.json"))["OMP_NUM_THREADS"] == "3"
+    assert json.loads((out / "0.json").read_text())["OMP_NUM_THREADS"] == "3"
     assert "OMP_NUM_THREADS" not in result.stderr
 
 

@@ -7,6 +7,7 @@ cleanly. If standard input ends without ``exit``, the agent is gone: every proce
 registered worker's session, and every descendant of a registered worker, is SIGKILLed.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -75,10 +76,8 @@ def kill_session_trees(sessions, timeout=10.0):
         if not doomed:
             return
         for pid in doomed:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.05)
 
 

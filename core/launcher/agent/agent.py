@@ -30,7 +30,7 @@ from launcher.agent.ranks import assign_ranks
 from launcher.agent.watchdog import Watchdog
 from launcher.errors import LaunchError
 from launcher.logs.pump import OutputPump
-from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
+from launcher.rendezvous.api import RendezvousError
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -240,7 +240,7 @@ def start_function(
     # the start method; the child moves them onto fds 1 and 2.
     out = multiprocessing.connection.Connection(os.dup(stdout_fd), readable=False)
     err = multiprocessing.connection.Connection(os.dup(stderr_fd), readable=False)
-    process = context.Process(
+    process = context.Process(  # type: ignore[attr-defined]
         target=_function_main,
         args=(fn, args, dict(env), out, err, result_path, os.getpid(), cpus, parent_death_signal,
               close_fds if start_method == "fork" else ()),

@@ -22,6 +22,7 @@ from launcher.rendezvous.api import (
 )
 from launcher.rendezvous.endpoint import format_endpoint, parse_endpoint
 from launcher.store.api import KeyValueStore, StoreError, StoreTimeoutError
+from launcher.store.server import StoreServer
 
 log = logging.getLogger("launcher.rendezvous")
 
@@ -40,7 +41,7 @@ class StaticRendezvous:
         self.rank = params.get_as_int("rank", 0)
         self.timeout = params.get_as_float("timeout", DEFAULT_TIMEOUT)
         self.host, self.port = parse_endpoint(params.endpoint, 29500)
-        self._server = None
+        self._server: StoreServer | None = None
         self._store: KeyValueStore | None = None
         self._round = 0
         self._closed = False
@@ -50,8 +51,6 @@ class StaticRendezvous:
         from launcher.store.client import TCPStoreClient
 
         if self.rank == 0:
-            from launcher.store.server import StoreServer
-
             # One node: nothing but its own workers should reach the store.
             if self.world_size == 1:
                 bind = "::1" if ":" in self.host else "127.0.0.1"
