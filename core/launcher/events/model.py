@@ -1,0 +1,219 @@
+"""The event model: what the agent reports about a job's lifecycle, and what a sink receives.
+
+Every event is an :class:`Event`: a ``type`` (one of the constants below), the ``run_id``,
+``node`` and ``role`` of the agent that emitted it, a ``timestamp`` (seconds since the epoch),
+the ``schema_version`` of this model, and ``data``, whose fields depend on the type and are
+listed in :data:`EVENT_FIELDS`. Serialised with :meth:`Event.to_json`, one event is one line of
+JSON::
+
+    {"type": "worker_failed", "run_id": "job-42", "node": "host-a", "role": "trainer",
+     "timestamp": 1700000000.25, "schema_version": 1,
+     "data": {"rank": 3, "local_rank": 1, "pid": 4242, "exitcode": null, "signal": 9}}
+
+Compatibility: within one ``schema_version`` fields are only added, never renamed or removed,
+so a sink should ignore fields it does not know, and tolerate a field that is absent or ``null``
+(its value was not known). Sinks should also pass on event types they do
+not know: plugins and later versions may emit more.
+
+A sink is any object with ``emit(event)`` and ``close()`` (:class:`EventSink`); plugins register
+one through the ``launcher_event_handlers`` hook, and the agent delivers events to it through
+:class:`launcher.events.bus.EventBus`. See ``docs/events.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from launcher.errors import UsageError
+
+#: Version of the event layout; bumped only for a change that could break an existing sink.
+SCHEMA_VERSION = 1
+
+#: The agent began a rendezvous round.
+RENDEZVOUS_STARTED = "rendezvous_started"
+#: A rendezvous round completed: this node knows its group rank and the participants.
+RENDEZVOUS_COMPLETED = "rendezvous_completed"
+#: The agent started its local workers.
+WORKERS_STARTED = "workers_started"
+#: A local worker exited unsuccessfully (one event per failed worker).
+WORKER_FAILED = "worker_failed"
+#: The agent stopped its workers and is starting them again after a new rendezvous.
+GROUP_RESTARTED = "group_restarted"
+#: Nodes joined or left: the agent noticed the set of participants changed.
+MEMBERSHIP_CHANGED = "membership_changed"
+#: Every worker of this node succeeded; the job is done here.
+JOB_SUCCEEDED = "job_succeeded"
+#: The job failed here for good (restarts exhausted, or an error the agent cannot recover from).
+JOB_FAILED = "job_failed"
+
+#: The ``data`` fields of each event type the core emits, each with a one-line meaning.
+#: Documented in ``docs/events.md``; a test keeps the two in step. A field whose value is not
+#: known in some situation is ``null`` or absent, and later versions may add fields.
+EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
+    RENDEZVOUS_STARTED: {
+        "restart_count": "restarts of the worker group so far (0 for the first rendezvous)",
+    },
+    RENDEZVOUS_COMPLETED: {
+        "round": "rendezvous round number; grows with every re-rendezvous",
+        "group_rank": "this node's rank among the participants",
+        "group_world_size": "number of participating nodes",
+        "participants": "participating node names, in group-rank order",
+        "duration": "seconds this node spent in the rendezvous",
+    },
+    WORKERS_STARTED: {
+        "restart_count": "restarts so far (the workers' TORCHELASTIC_RESTART_COUNT)",
+        "group_rank": "this node's rank among the participants",
+        "workers": (
+            "one object per local worker: local_rank, rank (global), pid, and cpus (the CPUs it "
+            'is bound to, e.g. "0-3,8", or null when unbound)'
+        ),
+    },
+    WORKER_FAILED: {
+        "rank": "global rank of the failed worker",
+        "local_rank": "its local rank",
+        "pid": "its process id",
+        "exitcode": "its exit status, or null when a signal killed it",
+        "signal": "number of the signal that killed it, or null",
+    },
+    GROUP_RESTARTED: {
+        "count": "restarts used so far, this one included",
+        "reason": "one line: the failure that caused the restart",
+    },
+    MEMBERSHIP_CHANGED: {
+        "lost": "names of nodes that stopped responding (empty when nodes only joined)",
+        "waiting": "number of nodes waiting to join",
+    },
+    JOB_SUCCEEDED: {
+        "restart_count": "restarts used",
+    },
+    JOB_FAILED: {
+        "reason": "one line: why the job failed on this node",
+        "failures": "number of failed workers, when workers failed",
+    },
+}
+
+#: Every event type the core emits.
+EVENT_TYPES: frozenset[str] = frozenset(EVENT_FIELDS)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One lifecycle event. Immutable: every sink sees the same object.
+
+    ``data`` holds the type's fields (:data:`EVENT_FIELDS`); values must be JSON-able (strings,
+    numbers, booleans, ``None``, lists and dicts of those).
+    """
+
+    type: str
+    run_id: str
+    node: str
+    role: str
+    timestamp: float
+    schema_version: int = SCHEMA_VERSION
+    data: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a JSON-able dict, in the documented field order."""
+        return {
+            "type": self.type,
+            "run_id": self.run_id,
+            "node": self.node,
+            "role": self.role,
+            "timestamp": self.timestamp,
+            "schema_version": self.schema_version,
+            "data": dict(self.data),
+        }
+
+    def to_json(self) -> str:
+        """One line of JSON (no newline inside, whatever the data holds)."""
+        # default=str: an odd value (a Path, a set) must not cost the event.
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Event:
+        """Inverse of :meth:`to_dict`; unknown top-level keys are ignored."""
+        return cls(
+            type=data["type"],
+            run_id=data.get("run_id", ""),
+            node=data.get("node", ""),
+            role=data.get("role", ""),
+            timestamp=float(data["timestamp"]),
+            schema_version=int(data.get("schema_version", SCHEMA_VERSION)),
+            data=dict(data.get("data") or {}),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Event:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """Where events go. Created by an event handler's ``create_sink(context)``.
+
+    ``emit`` is called from a thread of its own per sink, one event at a time, in order; it may
+    block (on a network, a disk) without delaying the job, but each sink's queue is bounded, so a
+    sink slower than the events loses the oldest ones. ``close`` is called once, after the last
+    ``emit``, and should flush. Exceptions from either are reported once and otherwise ignored.
+    """
+
+    def emit(self, event: Event) -> None:
+        """Deliver one event."""
+
+    def close(self) -> None:
+        """Flush and release resources; no ``emit`` follows."""
+
+
+class EventSinkError(UsageError):
+    """A chosen event sink cannot start (a missing or invalid setting): the job does not start."""
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink factory gets: who is emitting, and the settings of the environment.
+
+    ``environ`` is the environment the settings are read from (the agent's, by default); sinks
+    read their ``LAUNCHER_*`` settings from it rather than from :data:`os.environ`, so a test or an
+    embedder can pass its own.
+    """
+
+    run_id: str
+    node: str
+    role: str
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), hash=False)
+
+    def setting(self, name: str, default: str | None = None) -> str | None:
+        """The setting ``name``, or ``default`` when it is unset or empty."""
+        value = self.environ.get(name, "")
+        return value if value.strip() else default
+
+    def int_setting(self, name: str, default: int, *, minimum: int = 0) -> int:
+        """An integer setting; :class:`EventSinkError` naming it when it is not one."""
+        value = self.setting(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            raise EventSinkError(f"{name}={value!r} is not an integer") from None
+        if number < minimum:
+            raise EventSinkError(f"{name}={value!r} must be at least {minimum}")
+        return number
+
+    def float_setting(self, name: str, default: float, *, minimum: float = 0.0) -> float:
+        """A number setting (seconds, usually); :class:`EventSinkError` when it is not one."""
+        value = self.setting(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise EventSinkError(f"{name}={value!r} is not a number") from None
+        if not number >= minimum:  # also rejects NaN
+            raise EventSinkError(f"{name}={value!r} must be at least {minimum}")
+        return number
