@@ -124,6 +124,7 @@ class Agent:
         self._group: WorkerGroup | None = None
         self._result_dir: str | None = None
         self._events: Any = None
+        self._oom_watch: Any = None
 
     # -- set-up helpers ----------------------------------------------------------------------
 
@@ -140,6 +141,11 @@ class Agent:
                 raise SignalReceived(signum)
 
         for signum in self.config.signal_numbers:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                # Ignored by whoever started us (nohup ignores SIGHUP, a background job SIGINT):
+                # keep ignoring it rather than forward a hang-up the user asked to survive.
+                log.info("%s is ignored by the parent; not forwarding it", signal.Signals(signum).name)
+                continue
             with contextlib.suppress(OSError, ValueError):
                 previous[signum] = signal.signal(signum, on_signal)
         return previous
@@ -207,7 +213,7 @@ class Agent:
                 handler = create_rendezvous_handler(config, self.manager)
             result = self._loop(handler, logs_specs, pump, watchdog, base_env, cpus)
         except SignalReceived as exc:
-            result = AgentResult(exit_code=128 + exc.signum, message=f"received {exc}")
+            result = AgentResult(exit_code=128 + exc.signum, message=_signal_message(exc.signum))
         except (RendezvousError, StoreError) as exc:
             result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
             self._emit("job_failed", reason=result.message)
@@ -223,6 +229,8 @@ class Agent:
                     handler.shutdown()
             pump.close()
             watchdog.stop()
+            if self._oom_watch is not None:
+                self._oom_watch.close()
             with contextlib.suppress(Exception):
                 self._events.close(timeout=5.0)
             finish = getattr(logs_specs, "finish", None)
@@ -274,7 +282,7 @@ class Agent:
                 group.close()
                 self._group = None
                 self._emit("job_failed", reason=f"agent received {signal.Signals(signum).name}")
-                return AgentResult(exit_code=128 + signum, message=f"received {signal.Signals(signum).name}")
+                return AgentResult(exit_code=128 + signum, message=_signal_message(signum))
             if outcome == "succeeded":
                 group.close()
                 self._group = None
@@ -305,7 +313,7 @@ class Agent:
                 continue
             from launcher.failures.report import FailureReport
 
-            report = FailureReport.from_failures(failures)
+            report = FailureReport.from_failures(failures, oom_watch=self._oom_watch)
             self._write_report(report, logs_specs)
             handler.set_closed()
             self._emit("job_failed", reason="worker failure", failures=len(failures))
@@ -358,6 +366,12 @@ class Agent:
             start_method=config.start_method,
             result_dir=self._result_dir or "",
         )
+        # Taken once the workers are on their way, to keep it off the start-up path.
+        if self._oom_watch is None:
+            from launcher.failures.oom import OomWatch
+
+            self._oom_watch = OomWatch()
+        self._oom_watch.snapshot()
         self._emit(
             "workers_started",
             restart_count=self._restart_count,
@@ -477,6 +491,14 @@ class Agent:
             store.wait([f"{key}/done"], timeout=timeout)
         except (StoreError, OSError) as exc:
             log.warning("exit barrier: not every node finished within %.0fs (%s); exiting anyway", timeout, exc)
+
+
+def _signal_message(signum: int) -> str:
+    from launcher.failures.report import explain_signal
+
+    message = f"received {signal.Signals(signum).name}; workers were stopped"
+    why = explain_signal(signum)
+    return f"{message} ({why})" if why else message
 
 
 def _describe_exit(failure: Any) -> str:
