@@ -32,8 +32,9 @@ def test_gloo_all_reduce_after_restart(write_script):
         "ar_restart.py",
         ALL_REDUCE.replace(
             "dist.init_process_group",
-            "import os, sys\n"
+            "import os, sys, time\n"
             "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '1':\n"
+            "    time.sleep(3)\n"  # rank 0 has registered its address in the store by then
             "    sys.exit(7)\n"
             "dist.init_process_group",
         ),
@@ -41,4 +42,28 @@ def test_gloo_all_reduce_after_restart(write_script):
     result = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", script], timeout=180)
     assert result.returncode == 0, result.stderr
     assert "restarting" in result.stderr
+    assert "rank 1 all_reduce ok 3" in result.stdout
+
+
+def test_gloo_after_restart_with_static_backend(write_script):
+    """The static backend's store outlives attempts: it must be cleared between them."""
+    import socket
+
+    script = write_script(
+        "ar_static.py",
+        ALL_REDUCE.replace(
+            "dist.init_process_group",
+            "import os, sys, time\n"
+            "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '1':\n"
+            "    time.sleep(3)\n"  # rank 0 has registered its address by then
+            "    sys.exit(7)\n"
+            "dist.init_process_group",
+        ),
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = run_launcher(["--nproc-per-node", "2", "--master-port", str(port), "--max-restarts", "1", script],
+                          timeout=180)
+    assert result.returncode == 0, result.stderr
     assert "rank 1 all_reduce ok 3" in result.stdout

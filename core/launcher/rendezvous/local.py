@@ -26,9 +26,12 @@ class LocalRendezvous:
     def next_rendezvous(self) -> RendezvousInfo:
         if self._closed:
             raise RendezvousClosedError(f"the rendezvous of run {self._run_id!r} is closed")
-        if self._server is None:
-            self._server = StoreServer(self._host, 0)
-            self._server.start()
+        # A fresh store per round, as torchrun's agent gives: workers of a restarted group must
+        # not find the keys (addresses of dead ranks) that the previous attempt wrote.
+        if self._server is not None:
+            self._server.close()
+        self._server = StoreServer(self._host, 0)
+        self._server.start()
         self._round += 1
         return RendezvousInfo(
             store=None,

@@ -82,6 +82,8 @@ class StaticRendezvous:
         self._round += 1
         if self.world_size > 1:
             self._barrier(self._store, self._round)
+        elif self._server is not None and self._round > 1:
+            self._server.discard_keys(keep_prefixes=("launcher/",))
         port = self._server.port if self._server is not None else self.port
         return RendezvousInfo(
             store=self._store if self.world_size > 1 else None,
@@ -98,11 +100,22 @@ class StaticRendezvous:
         key = f"{self._prefix}/round{round_}"
         arrived = store.add(f"{key}/arrived", 1)
         if arrived == self.world_size:
-            store.set(f"{key}/complete", b"1")
+            store.set(f"{key}/all_arrived", b"1")
         deadline = time.monotonic() + self.timeout
+        if self._server is not None:
+            # The node serving the store releases the round once every node's workers are
+            # stopped, after clearing what the previous attempt's workers wrote.
+            self._wait(store, f"{key}/all_arrived", round_, deadline)
+            if round_ > 1:
+                self._server.discard_keys(keep_prefixes=("launcher/",))
+            store.set(f"{key}/complete", b"1")
+        self._wait(store, f"{key}/complete", round_, deadline)
+
+    def _wait(self, store: KeyValueStore, done_key: str, round_: int, deadline: float) -> None:
+        key = f"{self._prefix}/round{round_}"
         while True:
             try:
-                store.wait([f"{key}/complete"], timeout=min(30.0, max(0.1, deadline - time.monotonic())))
+                store.wait([done_key], timeout=min(30.0, max(0.1, deadline - time.monotonic())))
                 return
             except StoreTimeoutError:
                 count = store.add(f"{key}/arrived", 0)

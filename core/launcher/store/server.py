@@ -401,6 +401,24 @@ class StoreServer:
         log.debug("store server listening on %s", self.address)
         return self
 
+    def discard_keys(self, keep_prefixes: tuple[str, ...] = ()) -> int:
+        """Delete every key except those under ``keep_prefixes`` (keys as clients name them).
+
+        A restarted worker group must not read what the previous attempt's workers wrote (a
+        dead rank's address, say); torch avoids that by serving a new store per attempt, and a
+        store that outlives attempts (the static backend's, on a fixed port) clears instead.
+        Returns how many keys were deleted.
+        """
+        keep = tuple((KEY_PREFIX + prefix).encode() for prefix in keep_prefixes)
+
+        def _discard() -> int:
+            doomed = [key for key in self._kv if not key.startswith(keep)] if keep else list(self._kv)
+            for key in doomed:
+                del self._kv[key]
+            return len(doomed)
+
+        return self._local(_discard)
+
     def close(self) -> None:
         """Stop serving and close the listener and every client connection.
 
