@@ -1,9 +1,16 @@
-"""Building the LogsSpecs a launch asked for, launcher's own or one written for torchrun."""
+"""Building the LogsSpecs a launch asked for, launcher's own or one written for torchrun.
+
+``--logs-specs NAME`` is looked up among launcher's plugins first (entry-point group
+``launcher``), then in torch's ``torchrun.logs_specs`` group, where a class written for torchrun
+is registered (see :meth:`launcher.plugins.manager.LauncherPluginManager.load_entrypoint_plugins`).
+"""
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
+from launcher.errors import UsageError
 from launcher.plugins.types import LogsSpecsProvider
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,8 +30,25 @@ def _torch_std(spec: Any) -> Any:
     return Std(spec)
 
 
+def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    # LogsSpecs written for torch < 2.3 take no local_ranks_filter; pass what the class accepts.
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {key: value for key, value in kwargs.items() if key in params}
+
+
 def create_logs_specs(config: LaunchConfig, manager: LauncherPluginManager) -> Any:
-    """The LogsSpecs instance for ``config``: given, named (``--logs-specs``), or the default."""
+    """The LogsSpecs instance for ``config``: given, named (``--logs-specs``), or the default.
+
+    A class derived from torch's LogsSpecs receives torch's ``Std`` values for ``redirects`` and
+    ``tee``, as under torchrun; any other class receives the plain bitmasks. Only the keyword
+    arguments the class accepts are passed. A class that rejects its settings raises
+    :class:`~launcher.errors.UsageError`.
+    """
     if config.logs_specs is not None and not isinstance(config.logs_specs, str):
         return config.logs_specs
     name = config.logs_specs or "default"
@@ -35,9 +59,14 @@ def create_logs_specs(config: LaunchConfig, manager: LauncherPluginManager) -> A
     if _is_torch_class(cls):
         # A LogsSpecs written for torchrun expects torch's Std enum values.
         redirects, tee = _torch_std(redirects), _torch_std(tee)
-    return cls(
-        log_dir=config.log_dir,
-        redirects=redirects,
-        tee=tee,
-        local_ranks_filter=config.local_ranks_filter,
-    )
+    kwargs: dict[str, Any] = {
+        "log_dir": config.log_dir,
+        "redirects": redirects,
+        "tee": tee,
+        "local_ranks_filter": config.local_ranks_filter,
+    }
+    try:
+        return cls(**_accepted(cls, kwargs))
+    except (ValueError, TypeError, OSError) as exc:
+        # Bad settings (a --log-dir that is a file, a missing option): one line, no traceback.
+        raise UsageError(f"logs specs {name!r}: {exc}") from exc

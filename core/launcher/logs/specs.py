@@ -8,7 +8,8 @@ rank to file paths in a :class:`LogsDest`. The agent then moves the output itsel
 
 Conventions of :class:`LogsDest`, as torchrun's: ``stdouts[r] == ""`` means the console;
 a path means that file; :data:`os.devnull` discards. ``tee_stdouts[r]`` present means the file is
-also shown on the console.
+also shown on the console. Launcher extension: a :class:`~launcher.logs.sink.SinkDestination`
+in place of a path sends the stream's lines to a :class:`~launcher.logs.sink.LineSink`.
 
 Files are created with mode 0600 and directories with 0700: worker output routinely holds
 tokens, paths and hostnames that other users of a shared machine should not read.
@@ -17,12 +18,15 @@ tokens, paths and hostnames that other users of a shared machine should not read
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 
-from launcher.config import STD_ERR, STD_NONE, STD_OUT, StdSpec
+from launcher.config import STD_ALL, STD_ERR, STD_NONE, STD_OUT, StdSpec
+
+log = logging.getLogger("launcher.logs")
 
 #: The console, as a destination.
 CONSOLE = ""
@@ -81,8 +85,14 @@ class DefaultLogsSpecs(LogsSpecs):
 
     Each rank's directory holds ``stdout.log``, ``stderr.log`` (when redirected or tee'd) and
     ``error.json``; the attempt directory holds ``filtered_stdout.log``/``filtered_stderr.log``.
-    Without ``log_dir`` a private temporary directory holds the error files and is removed after
-    a successful run, unless it also holds output the user asked to redirect.
+
+    Without ``log_dir``, a private temporary directory (``$TMPDIR/launcher_*``) holds the error
+    files. It is removed when the job succeeds, unless some output went *only* to files there
+    (``--redirects`` without ``--tee``): that output exists nowhere else, so it is kept and its
+    location logged. A failed job keeps it too (error files, failure report).
+
+    ``log_dir`` equal to :data:`os.devnull` means no files at all: output goes to the console,
+    as torchrun does, and workers get an empty ``TORCHELASTIC_ERROR_FILE``.
     """
 
     def __init__(
@@ -97,10 +107,12 @@ class DefaultLogsSpecs(LogsSpecs):
         super().__init__(log_dir, redirects, tee, local_ranks_filter)
         self._temporary = not log_dir
         self._run_log_dir: str | None = None
+        self._keep = False
 
     @property
     def root_log_dir(self) -> str:
         if self._root_log_dir is None:
+            # mkdtemp creates it 0700, so nobody else can read what workers write there.
             self._root_log_dir = tempfile.mkdtemp(prefix="launcher_")
         return self._root_log_dir
 
@@ -109,8 +121,8 @@ class DefaultLogsSpecs(LogsSpecs):
         """This job's directory, once the first attempt created it."""
         return self._run_log_dir
 
-    def _wants_files(self, nprocs: int) -> bool:
-        return any(std_for(self._redirects, r) | std_for(self._tee, r) for r in range(nprocs))
+    def _shown(self, rank: int) -> bool:
+        return not self._local_ranks_filter or rank in self._local_ranks_filter
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         nprocs = len(envs)
@@ -118,14 +130,15 @@ class DefaultLogsSpecs(LogsSpecs):
         run_id = first.get("TORCHELASTIC_RUN_ID", "run")
         attempt = first.get("TORCHELASTIC_RESTART_COUNT", "0")
         dest = LogsDest()
-        if self.root_log_dir == os.devnull:
+        if self._root_log_dir == os.devnull:
             for rank in range(nprocs):
-                dest.stdouts[rank] = dest.stderrs[rank] = os.devnull
-                dest.error_files[rank] = os.devnull
+                shown = CONSOLE if self._shown(rank) else os.devnull
+                dest.stdouts[rank] = dest.stderrs[rank] = shown
                 envs[rank]["TORCHELASTIC_ERROR_FILE"] = ""
             return dest
         if self._run_log_dir is None:
             os.makedirs(self.root_log_dir, exist_ok=True)
+            # mkdtemp: a unique name (several agents may share log_dir) and mode 0700.
             self._run_log_dir = tempfile.mkdtemp(prefix=f"{run_id}_", dir=self.root_log_dir)
         attempt_dir = os.path.join(self._run_log_dir, f"attempt_{attempt}")
         shutil.rmtree(attempt_dir, ignore_errors=True)
@@ -134,14 +147,17 @@ class DefaultLogsSpecs(LogsSpecs):
             rank_dir = os.path.join(attempt_dir, str(rank))
             os.mkdir(rank_dir, mode=0o700)
             tee = std_for(self._tee, rank)
-            files = std_for(self._redirects, rank) | tee
+            redirects = std_for(self._redirects, rank)
+            files = redirects | tee
             dest.stdouts[rank] = os.path.join(rank_dir, "stdout.log") if files & STD_OUT else CONSOLE
             dest.stderrs[rank] = os.path.join(rank_dir, "stderr.log") if files & STD_ERR else CONSOLE
             if tee & STD_OUT:
                 dest.tee_stdouts[rank] = dest.stdouts[rank]
             if tee & STD_ERR:
                 dest.tee_stderrs[rank] = dest.stderrs[rank]
-            if self._local_ranks_filter and rank not in self._local_ranks_filter:
+            if redirects & ~tee & STD_ALL:
+                self._keep = True  # this output is in the files only
+            if not self._shown(rank):
                 # Filtered-out ranks keep their files but never reach the console.
                 dest.tee_stdouts.pop(rank, None)
                 dest.tee_stderrs.pop(rank, None)
@@ -153,11 +169,13 @@ class DefaultLogsSpecs(LogsSpecs):
             envs[rank]["TORCHELASTIC_ERROR_FILE"] = dest.error_files[rank]
         dest.filtered_stdout = os.path.join(attempt_dir, "filtered_stdout.log")
         dest.filtered_stderr = os.path.join(attempt_dir, "filtered_stderr.log")
-        self._keep = self._wants_files(nprocs)
         return dest
 
-    _keep = False
-
     def finish(self, succeeded: bool) -> None:
-        if self._temporary and succeeded and not self._keep and self._root_log_dir:
+        """Remove the temporary directory of a successful job (see the class docstring)."""
+        if not self._temporary or not self._root_log_dir:
+            return
+        if succeeded and not self._keep:
             shutil.rmtree(self._root_log_dir, ignore_errors=True)
+        elif self._run_log_dir is not None:
+            log.warning("worker logs kept in %s", self._run_log_dir)
