@@ -8,7 +8,10 @@ torch==2.13.0), alternating launcher and torchrun run by run. For each run:
 - ``wall``: seconds from invoking the command to its exit;
 - ``console``: lines on the captured stdout that are whole, correctly prefixed worker lines
   (``[default<r>]:rank <r> line <i> ...``), and how many distinct (rank, i) pairs they cover;
-- ``files``: such lines in the two ``stdout.log`` files.
+- ``files``: such lines in the two ``stdout.log`` files;
+- ``own CPU``: CPU seconds of the tool's own processes (agent, helpers): the tool's total, as
+  ``wait4`` reports it, less what the workers report for themselves. Less sensitive than wall
+  time to other load on the machine.
 
 Throughput is all lines (2 x ``--lines``) over the median wall time. The console is a regular
 file, so neither tool waits on a slow reader.
@@ -36,10 +39,13 @@ NPROC = 2
 TOOLS = ("launcher", "torchrun")
 
 WORKER = """
-import os, sys
+import os, resource, sys
 rank = os.environ["LOCAL_RANK"]
 for i in range(int(sys.argv[1])):
     print(f"rank {rank} line {i} the quick brown fox jumps over the lazy dog")
+usage = resource.getrusage(resource.RUSAGE_SELF)
+with open(os.path.join(sys.argv[2], "cpu_" + rank), "w") as f:
+    f.write(repr(usage.ru_utime + usage.ru_stime))
 """
 
 CONSOLE_LINE = re.compile(rb"^\[default([01])\]:rank \1 line (\d+) the quick brown fox jumps over the lazy dog$",
@@ -74,21 +80,28 @@ def measure(tool: str, script: Path, work: Path, lines: int) -> dict[str, float 
     log_dir = work / f"logs_{tool}"
     shutil.rmtree(log_dir, ignore_errors=True)
     console = work / f"console_{tool}.txt"
+    cpu_dir = Path(tempfile.mkdtemp(dir=work))
     cmd = [str(VENV / "bin" / tool), "--standalone", "--nproc-per-node", str(NPROC), "--tee", "3",
-           "--log-dir", str(log_dir), str(script), str(lines)]
-    with open(console, "wb") as out:
+           "--log-dir", str(log_dir), str(script), str(lines), str(cpu_dir)]
+    with open(console, "wb") as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        result = subprocess.run(cmd, env=clean_env(), stdout=out, stderr=subprocess.PIPE, timeout=600)
+        proc = subprocess.Popen(cmd, env=clean_env(), stdout=out, stderr=err)
+        # wait4: the tool's CPU time, including the workers and helpers it reaped.
+        _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(f"{tool} failed: {result.stderr.decode()[-2000:]}")
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{tool} failed: {err.read().decode()[-2000:]}")
+    workers_cpu = sum(float(path.read_text()) for path in cpu_dir.glob("cpu_*"))
+    tool_cpu = usage.ru_utime + usage.ru_stime - workers_cpu
     console_lines, console_distinct = _count(CONSOLE_LINE, console.read_bytes())
     file_lines = file_distinct = 0
     for path in log_dir.glob("*/attempt_0/*/stdout.log"):
         found, distinct = _count(FILE_LINE, path.read_bytes())
         file_lines += found
         file_distinct += distinct
-    return {"wall": wall, "console": console_lines, "console_distinct": console_distinct,
+    return {"wall": wall, "tool_cpu": tool_cpu, "console": console_lines, "console_distinct": console_distinct,
             "files": file_lines, "files_distinct": file_distinct}
 
 
@@ -111,8 +124,8 @@ def main() -> None:
             for tool in TOOLS:  # alternate, so drift hits both alike
                 sample = measure(tool, script, work, args.lines)
                 samples[tool].append(sample)
-                print(f"run {run + 1}/{args.runs} {tool:9s} {sample['wall']:7.3f} s  console {sample['console']:>7d}"
-                      f"  files {sample['files']:>7d}", flush=True)
+                print(f"run {run + 1}/{args.runs} {tool:9s} {sample['wall']:7.3f} s  cpu {sample['tool_cpu']:6.3f} s"
+                      f"  console {sample['console']:>7d}  files {sample['files']:>7d}", flush=True)
     summary: dict[str, dict[str, object]] = {}
     for tool in TOOLS:
         walls = [float(s["wall"]) for s in samples[tool]]
@@ -122,6 +135,7 @@ def main() -> None:
             "wall_min_s": round(min(walls), 4),
             "wall_max_s": round(max(walls), 4),
             "lines_per_s": round(expected / wall),
+            "tool_cpu_median_s": round(statistics.median(float(s["tool_cpu"]) for s in samples[tool]), 4),
             "console_lines_min": min(int(s["console"]) for s in samples[tool]),
             "console_lines_median": statistics.median(int(s["console"]) for s in samples[tool]),
             "file_lines_min": min(int(s["files"]) for s in samples[tool]),
@@ -135,13 +149,13 @@ def main() -> None:
     ours, theirs = summary["launcher"], summary["torchrun"]
     speedup = float(theirs["wall_median_s"]) / float(ours["wall_median_s"])  # type: ignore[arg-type]
     print()
-    print(f"{'tool':9s} | {'wall (median)':>13s} | {'min..max':>15s} | {'lines/s':>9s} | "
+    print(f"{'tool':9s} | {'wall (median)':>13s} | {'min..max':>15s} | {'lines/s':>9s} | {'own CPU':>8s} | "
           f"{'console (min)':>13s} | {'files (min)':>11s} | all delivered")
     for tool in TOOLS:
         row = summary[tool]
         print(f"{tool:9s} | {row['wall_median_s']:>11.3f} s | {row['wall_min_s']:>6.3f}..{row['wall_max_s']:<6.3f}s |"
-              f" {row['lines_per_s']:>9,d} | {row['console_lines_min']:>13,d} | {row['file_lines_min']:>11,d} |"
-              f" {row['every_line_every_run']}")
+              f" {row['lines_per_s']:>9,d} | {row['tool_cpu_median_s']:>6.3f} s | {row['console_lines_min']:>13,d} |"
+              f" {row['file_lines_min']:>11,d} | {row['every_line_every_run']}")
     print(f"\nthroughput: launcher {speedup:.2f}x torchrun (target >= 2x, every line delivered);"
           f" {expected:,d} lines per run, {args.runs} runs each")
     result = {

@@ -224,7 +224,9 @@ class OutputPump:
                 try:
                     moved += self._read(stream)
                 except Exception:  # a bug here must not silence every worker
-                    log.exception("error routing worker output")
+                    if id(stream) not in self._reported:
+                        self._reported.add(id(stream))
+                        log.exception("error routing worker output")
             self._write_console()
             now = time.monotonic()
             if not moved or now - self._last_flush >= FLUSH_INTERVAL_S:
