@@ -18,10 +18,20 @@ from launcher.errors import LaunchError, UsageError
 log = logging.getLogger("launcher")
 
 
+class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
+    """Writes the launcher's messages under the console lock the output pump uses."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from launcher.logs.pump import CONSOLE_LOCK
+
+        with CONSOLE_LOCK:
+            super().emit(record)
+
+
 def _setup_logging() -> None:
     level_name = os.environ.get("LOGLEVEL", "WARNING").upper()
     level = getattr(logging, level_name, logging.WARNING)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _ConsoleHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[launcher] %(levelname)s: %(message)s"))
     root = logging.getLogger("launcher")
     root.handlers[:] = [handler]
@@ -61,6 +71,31 @@ def plugins_command(argv: Sequence[str]) -> int:
     return 0
 
 
+def write_root_cause(report: Any, path: str) -> None:
+    """Write the root cause to the launcher's own error file, as torchrun does.
+
+    Set when something launched the launcher the way launcher launches workers (TorchX's local
+    schedulers, an outer torchelastic agent): that parent then reports our root cause instead of
+    a bare exit status. The format is the one ``@record`` writes.
+    """
+    import json
+
+    root = report.root_cause
+    message = root.summary() or f"worker rank {root.failure.rank} {root.exit_description()}"
+    callstack = root.traceback or "\n".join(root.failure.stderr_tail)
+    content = {
+        "message": {
+            "message": f"rank {root.failure.rank} on {root.failure.node}: {message}",
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(root.time))},
+        }
+    }
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(content, handle)
+    except OSError as exc:
+        log.warning("cannot write the error file %s: %s", path, exc)
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the command line ``argv`` (without the program name); the exit status."""
     from launcher.config import config_from_args
@@ -87,6 +122,8 @@ def run(argv: Sequence[str]) -> int:
     result = agent.run()
     if result.report is not None:
         sys.stderr.write(result.report.render().rstrip("\n") + "\n")
+        if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            write_root_cause(result.report, os.environ["TORCHELASTIC_ERROR_FILE"])
     elif result.message and result.exit_code != 0:
         log.error("%s", result.message)
     return result.exit_code

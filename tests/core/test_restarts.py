@@ -56,3 +56,14 @@ def test_restart_count_is_exported(write_script, tmp_path):
     result = run_launcher(["--standalone", "--max-restarts", "3", script])
     assert result.returncode == 0, result.stderr
     assert [json.loads(line) for line in log.read_text().splitlines()] == [["0", "3"], ["1", "3"], ["2", "3"]]
+
+
+def test_root_cause_written_to_the_launchers_own_error_file(write_script, tmp_path):
+    """As torchrun does, so a parent (TorchX's local scheduler, another agent) can report it."""
+    error_file = tmp_path / "agent_error.json"
+    result = run_launcher(["--standalone", "--nproc-per-node", "2", write_script("f.py", FAIL_ONCE)],
+                          env={"TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert result.returncode == 1
+    content = json.loads(error_file.read_text())
+    assert "rank 1" in content["message"]["message"] and "exit code 5" in content["message"]["message"]
+    assert int(content["message"]["extraInfo"]["timestamp"]) > 0

@@ -193,22 +193,24 @@ class Agent:
         from launcher.rendezvous.registry import create_rendezvous_handler
 
         config = self.config
-        previous_handlers = self._install_signal_handlers()
+        # Everything that can reject the configuration comes first, before anything needs undoing.
+        logs_specs = create_logs_specs(config, self.manager)
+        cpus = self._plan_cpus()
         self._events = create_event_bus(
             config.event_log_handlers,
             self.manager,
             SinkContext(run_id=config.run_id, node=self.node, role=config.role),
         )
-        logs_specs = create_logs_specs(config, self.manager)
+        previous_handlers: dict[int, Any] = {}
         pump = OutputPump()
         watchdog = Watchdog()
-        if not watchdog.start():
-            log.warning("cannot start the watchdog: workers will die with the agent, their children may not")
         handler = self._handler
         result = AgentResult(exit_code=1)
-        base_env = self._base_env()
-        cpus = self._plan_cpus()
         try:
+            previous_handlers = self._install_signal_handlers()
+            if not watchdog.start():
+                log.warning("cannot start the watchdog: workers will die with the agent, their children may not")
+            base_env = self._base_env()
             if handler is None:
                 handler = create_rendezvous_handler(config, self.manager)
             result = self._loop(handler, logs_specs, pump, watchdog, base_env, cpus)
@@ -287,8 +289,7 @@ class Agent:
                 group.close()
                 self._group = None
                 values = self._return_values(group)
-                self._exit_barrier(info)
-                handler.set_closed()
+                self._exit_barrier(info, handler)
                 self._emit("job_succeeded", restart_count=self._restart_count)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome == "membership":
@@ -463,7 +464,8 @@ class Agent:
 
     def _write_report(self, report: Any, logs_specs: Any) -> None:
         with contextlib.suppress(Exception):
-            log_dir = getattr(logs_specs, "run_log_dir", None)
+            # Ours names it run_log_dir; torch's DefaultLogsSpecs keeps it in _run_log_dir.
+            log_dir = getattr(logs_specs, "run_log_dir", None) or getattr(logs_specs, "_run_log_dir", None)
             if log_dir:
                 report.write_json(os.path.join(log_dir, "failure_report.json"))
 
@@ -478,9 +480,17 @@ class Agent:
                 values[slot.global_rank] = result()
         return values
 
-    def _exit_barrier(self, info: RendezvousInfo) -> None:
-        """Wait for every node to finish, so the node serving the store does not leave early."""
+    def _exit_barrier(self, info: RendezvousInfo, handler: RendezvousHandler) -> None:
+        """Wait for every node to finish, then close the rendezvous, without a node leaving early.
+
+        Two phases: every node waits until all have finished (``done``), closes the rendezvous,
+        and says it is leaving (``left``); a node then waits, briefly, until every node has left
+        the store alone, so the node that serves the store never shuts it down under a peer
+        that is still using it.
+        """
         if info.group_world_size == 1 or info.store is None:
+            with contextlib.suppress(StoreError, RendezvousError, OSError):
+                handler.set_closed()
             return
         store = info.store
         key = f"launcher/{self.config.run_id}/exit/{info.round}"
@@ -489,8 +499,19 @@ class Agent:
             if store.add(f"{key}/count", 1) == info.group_world_size:
                 store.set(f"{key}/done", b"1")
             store.wait([f"{key}/done"], timeout=timeout)
-        except (StoreError, OSError) as exc:
+            handler.set_closed()
+            if store.add(f"{key}/left", 1) == info.group_world_size:
+                store.set(f"{key}/all_left", b"1")
+        except (StoreError, RendezvousError, OSError) as exc:
+            # Every worker here succeeded; a peer or the store going away now does not undo that.
             log.warning("exit barrier: not every node finished within %.0fs (%s); exiting anyway", timeout, exc)
+            return
+        try:
+            store.wait([f"{key}/all_left"], timeout=min(timeout, 30.0))
+        except (StoreError, RendezvousError, OSError) as exc:
+            # Expected on every node but the store's host: the host may shut the store down the
+            # moment the last node has said it is leaving.
+            log.debug("exit barrier: store gone after every node left (%s)", exc)
 
 
 def _signal_message(signum: int) -> str:

@@ -535,7 +535,8 @@ def _render_root(entry: ReportedFailure) -> list[str]:
         lines += _indented("\n".join(line.rstrip("\n") for line in tail), prefix="    | ")
     else:
         lines.append(_field("stderr", "(nothing was written to stderr)"))
-    if failure.signal is None and entry.error is None:
+    shows_traceback = any("Traceback (most recent call last)" in line for line in failure.stderr_tail)
+    if failure.signal is None and entry.error is None and not shows_traceback:
         # The most useful advice for an exception without a traceback in the report.
         lines.append(
             _field(

@@ -39,6 +39,10 @@ from typing import Any, BinaryIO
 
 from launcher.logs.sink import SinkDestination, SinkWriter
 
+#: Held for every write to the agent's own stdout/stderr, by the pump and by the agent's log
+#: messages alike, so a launcher message never lands inside a worker's line.
+CONSOLE_LOCK = threading.Lock()
+
 log = logging.getLogger("launcher.logs")
 
 #: Largest read from one pipe.
@@ -149,7 +153,7 @@ class OutputPump:
         self._reported: set[int] = set()
         self._last_flush = time.monotonic()
         #: Held around every console write; others writing to fds 1/2 should hold it too.
-        self.console_lock = threading.Lock()
+        self.console_lock = CONSOLE_LOCK
         self._thread = threading.Thread(target=self._run, name="launcher-output", daemon=True)
         self._thread.start()
 

@@ -72,7 +72,7 @@ class LauncherSpecs:
 
                 class StderrOnly(DefaultLogsSpecs):
                     def __init__(self, **kwargs):
-                        kwargs["redirects"] = "2"
+                        kwargs["redirects"] = 2
                         super().__init__(**kwargs)
 
                 return StderrOnly
