@@ -1,12 +1,19 @@
 """pytest plugin shipped with launcher: fixtures for testing plugins.
 
-Enabled automatically (entry point ``pytest11``). Fixtures:
+Enabled automatically (entry point ``pytest11``); with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` set,
+enable it with ``-p launcher.testing.pytest_plugin`` or ``pytest_plugins = ["launcher.testing.pytest_plugin"]``
+in a conftest. Fixtures:
 
 ``plugin_manager``
     a fresh :class:`~launcher.plugins.manager.LauncherPluginManager` with the installed
-    entry-point plugins loaded.
+    entry-point plugins loaded (the ``LAUNCHER_*`` switches of the environment are ignored).
 ``register_plugin``
     ``register_plugin(obj)`` registers a plugin object on that manager for one test.
+``launcher_store_server``
+    a running :class:`~launcher.store.server.StoreServer` on a free loopback port, closed
+    after the test: a store service for backends that talk the TCPStore protocol.
+
+The conformance suites that use these fixtures are in :mod:`launcher.testing`.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from launcher.plugins.manager import LauncherPluginManager, get_plugin_manager
+from launcher.store.server import StoreServer
 
 
 @pytest.fixture
@@ -36,4 +44,15 @@ def register_plugin(plugin_manager: LauncherPluginManager) -> Iterator[Callable[
 
     yield _register
     for plugin in registered:
-        plugin_manager.unregister(plugin)
+        if plugin_manager.is_registered(plugin):
+            plugin_manager.unregister(plugin)
+
+
+@pytest.fixture
+def launcher_store_server() -> Iterator[StoreServer]:
+    """A started :class:`~launcher.store.server.StoreServer` on ``127.0.0.1`` and a free port."""
+    server = StoreServer("127.0.0.1", 0).start()
+    try:
+        yield server
+    finally:
+        server.close()
