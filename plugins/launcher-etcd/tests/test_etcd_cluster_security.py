@@ -135,7 +135,6 @@ def test_tls_with_client_certificates(
     nodes = [handlers(node_params(cluster.endpoint, "tls-job", "2", backend="etcd-v2", **conf)) for _ in range(2)]
     infos = rendezvous_all(nodes)
     assert sorted(i.group_rank for i in infos) == [0, 1]
-    assert nodes[0]._ops.store.client.settings.protocol == "https"
 
     legacy = {"cacert": str(tls_files.ca), "cert": str(tls_files.client_cert), "key": str(tls_files.client_key)}
     base = node_params(f"https://{cluster.endpoint}", "tls-job-2", "2", read_timeout="3", **legacy)

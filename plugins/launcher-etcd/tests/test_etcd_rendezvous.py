@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from etcd_helpers import node_params
+from etcd_helpers import make_store, node_params
 from etcd_servers import PYTHON, EtcdCluster, python_env
 from launcher.rendezvous.api import RendezvousClosedError, RendezvousInfo
 from launcher_etcd.backend import create_handler
@@ -129,9 +129,9 @@ def test_a_killed_node_loses_its_keys_and_is_reported_lost_then_survivors_reform
         assert line, child.stderr.read() if child.stderr else "no output"
         victim = json.loads(line)
         assert infos[0].group_world_size == 3 and victim["id"] in infos[0].participants
-        probe = survivors[0]._ops.store  # the node's etcd store, to look at the victim's keys
-        prefix = f"launcher/rdzv/{run_id}/{victim['round']}"
-        victim_keys = [f"{prefix}/hb/{victim['rank']}"]
+        # A client of its own under the job's prefix, to look at the victim's heartbeat counter.
+        probe = make_store(shared_etcd.endpoint, f"/launcher/{run_id}/")
+        victim_keys = [f"launcher/rdzv/{run_id}/{victim['round']}/hb/{victim['rank']}"]
         assert probe.check(victim_keys)
         child.kill()  # SIGKILL: no goodbye, no lease revocation
         child.wait(10)
@@ -144,6 +144,7 @@ def test_a_killed_node_loses_its_keys_and_is_reported_lost_then_survivors_reform
         again = rendezvous_all(survivors)
         assert {i.group_world_size for i in again} == {2}
         assert victim["id"] not in again[0].participants
+        probe.close()
     finally:
         child.kill()
         child.wait(10)
