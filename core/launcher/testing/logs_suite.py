@@ -178,8 +178,15 @@ class LogsSpecsConformance(PluginModuleConformance):
         self._finish(specs, False)
 
     def test_without_log_dir(self, logs_specs_provider: LogsSpecsProvider) -> None:
-        # The agent builds it with log_dir=None when --log-dir is not given.
-        specs = self.build(logs_specs_provider, None)
+        # The agent builds it with log_dir=None when --log-dir is not given. A LogsSpecs that
+        # needs a directory refuses in its constructor (ValueError): one line, before any worker.
+        from launcher.errors import UsageError
+
+        try:
+            specs = self.build(logs_specs_provider, None)
+        except UsageError as exc:
+            assert len(str(exc).strip().splitlines()) == 1, "the error must be one line"
+            return
         envs = worker_envs(1)
         self.check_dest(specs.reify(envs), envs, "log_dir=None")
         self._finish(specs, True)

@@ -1,0 +1,119 @@
+"""Every plugin kind is covered by construction.
+
+For each kind of ``launcher.plugins.hookspec.HOOKS_BY_KIND``: ``launcher.testing`` has a
+conformance suite for it, the core runs that suite (``tests/kit``), and ``docs/plugins.md`` has a
+section for its hook with a complete example (a plugin module yielding the kind's registration,
+declared as an entry point of the guide's ``pyproject.toml``), which ``tests/kit/test_docs_examples.py``
+installs and runs. A new hook kind fails here until all of that exists.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from launcher.plugins.hookspec import HOOKS_BY_KIND, LauncherSpecs
+from launcher.plugins.types import REGISTRATION_TYPES
+from launcher.testing import PluginModuleConformance, conformance_suites
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDE = ROOT / "docs" / "plugins.md"
+KIT = ROOT / "tests" / "kit"
+KINDS = sorted(HOOKS_BY_KIND)
+
+_FENCE = re.compile(r"^```([\w+-]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+_FILE_MARK = re.compile(r"^#\s*file:\s*(\S+)\s*\n")
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Level-2 sections of a markdown page, by heading (fenced code is never a heading)."""
+    sections: dict[str, str] = {}
+    heading, lines, fenced = "", [], False
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced and line.startswith("## "):
+            sections[heading] = "".join(lines)
+            heading, lines = line[3:].strip(), []
+        else:
+            lines.append(line)
+    sections[heading] = "".join(lines)
+    return sections
+
+
+def _files(text: str) -> dict[str, str]:
+    """``{path: code}`` of the fenced blocks marked ``# file: path``."""
+    files = {}
+    for match in _FENCE.finditer(text):
+        mark = _FILE_MARK.match(match.group(2))
+        if mark:
+            files[mark.group(1)] = match.group(2)
+    return files
+
+
+def _entry_points(pyproject: str) -> dict[str, str]:
+    """The ``[project.entry-points.launcher]`` table of a pyproject.toml, as ``{name: value}``."""
+    table = re.search(r"^\[project\.entry-points\.launcher\]\n(.*?)(?=^\[|\Z)", pyproject, re.MULTILINE | re.DOTALL)
+    assert table, "the guide's pyproject.toml declares no [project.entry-points.launcher] table"
+    return dict(re.findall(r'^([\w.-]+)\s*=\s*"([^"]+)"', table.group(1), re.MULTILINE))
+
+
+def test_every_hook_has_a_kind() -> None:
+    hooks = {name for name in vars(LauncherSpecs) if name.startswith("launcher_")}
+    assert hooks == set(HOOKS_BY_KIND.values())
+    assert set(REGISTRATION_TYPES) == set(HOOKS_BY_KIND)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kind_has_a_conformance_suite(kind: str) -> None:
+    suites = conformance_suites()
+    assert kind in suites, f"launcher.testing has no conformance suite for {kind!r} (SUITES_BY_KIND)"
+    suite = suites[kind]
+    assert issubclass(suite, PluginModuleConformance) and suite.kind == kind
+    assert suite.__doc__ and suite.__doc__.strip(), f"{suite.__name__} needs a docstring saying how to use it"
+    own_tests = [
+        name
+        for name in dir(suite)
+        if name.startswith("test_") and name not in vars(PluginModuleConformance) and callable(getattr(suite, name))
+    ]
+    assert len(own_tests) >= 3, f"{suite.__name__} checks too little of the {kind} contract: {own_tests}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_core_runs_the_suite(kind: str) -> None:
+    suite = conformance_suites()[kind]
+    import launcher.testing as kit
+
+    family = {suite.__name__} | {
+        name for name in kit._EXPORTS if isinstance(getattr(kit, name), type) and issubclass(getattr(kit, name), suite)
+    }
+    test_class = re.compile(r"^class Test\w*\((\w+)\)", re.MULTILINE)
+    bases = {base for path in KIT.glob("test_*.py") for base in test_class.findall(path.read_text())}
+    assert family & bases, f"no test class in tests/kit runs {suite.__name__} (or one of {sorted(family)})"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kind_is_documented_with_a_complete_example(kind: str) -> None:
+    hook = HOOKS_BY_KIND[kind]
+    text = GUIDE.read_text()
+    sections = [body for heading, body in _sections(text).items() if f"`{hook}`" in heading]
+    assert len(sections) == 1, f"docs/plugins.md needs one '## ... (`{hook}`)' section, found {len(sections)}"
+    section = sections[0]
+    examples = {
+        path: code
+        for path, code in _files(section).items()
+        if path.endswith(".py") and re.search(rf"@hookimpl\s*\ndef {hook}\(", code)
+    }
+    assert examples, f"the {hook} section has no '# file:' module implementing the hook"
+    [(path, code)] = examples.items()
+    compile(code, path, "exec")
+    registration = REGISTRATION_TYPES[kind].__name__
+    assert f"{registration}(" in code, f"the {hook} example yields no {registration}"
+    module = path[: -len(".py")].replace("/", ".")
+    pyprojects = [code for name, code in _files(text).items() if name == "pyproject.toml"]
+    assert pyprojects, "docs/plugins.md has no '# file: pyproject.toml' block"
+    declared = _entry_points(pyprojects[0]).values()
+    assert module in declared, f"{module} is not an entry point of the guide's distribution"
+    suite = conformance_suites()[kind]
+    assert suite.__name__ in section, f"the {hook} section does not say how to test with {suite.__name__}"
