@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from launcher.rendezvous.api import RendezvousError, RendezvousParameters
 from launcher.rendezvous.dynamic import KEY_ROOT
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from launcher_etcd.client import EtcdClient
 
-__all__ = ["connect", "create_handler", "owned_by_node"]
+__all__ = ["clear_finished_job", "connect", "create_handler", "owned_by_node"]
 
 log = logging.getLogger("launcher.rendezvous.etcd")
 
@@ -39,6 +40,60 @@ def owned_by_node(key: str) -> bool:
     return _OWNED.match(key) is not None
 
 
+def _after(prefix: bytes) -> bytes:
+    """The end of etcd's range of keys starting with ``prefix``."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def clear_finished_job(client: EtcdClient, prefix: str, run_id: str) -> bool:
+    """Remove what an ended job with this run id left in etcd, once none of its nodes lives.
+
+    The core's shared keys (rounds, the closed mark) carry no lease, so they outlive the job: a
+    new job with the same ``--rdzv-id`` would find the rendezvous closed, or wait to be admitted
+    to a round whose nodes all died. With c10d the store dies with the job instead. Here the
+    job's keys are deleted when it is over, closed or its last round sealed, and no participant
+    of its last two rounds still holds a leased key (each live node keeps its record and
+    heartbeat alive). A round that is still forming is never judged: its first nodes may not
+    have written their records yet. The deletion is guarded by the revisions of the keys it was
+    decided on, so of several new nodes starting at once only the first deletes, and it does so
+    before any of them writes. Returns whether keys were deleted.
+    """
+    from launcher_etcd.client import b64, unb64
+
+    base = f"{prefix}{KEY_ROOT}/{quote(run_id, safe='')}/".encode()
+    current = client.range(base + b"current").get("kvs") or []
+    if not current:
+        return False  # a new job id, or a job that has not opened its first round yet
+    last = int(unb64(current[0].get("value", "")) or b"0")
+    ended = client.range(base + b"closed").get("kvs") or client.range(base + f"{last}/sealed".encode()).get("kvs")
+    if not ended:
+        return False
+    counts = [
+        {"request_range": {"key": b64(start), "range_end": b64(_after(start)), "count_only": True}}
+        for r in {last, max(last - 1, 0)}
+        for start in (base + f"{r}/node/".encode(), base + f"{r}/hb/".encode())
+    ]
+    answer = client.txn(success=counts)
+    if any(int((reply.get("response_range") or {}).get("count", 0)) for reply in answer.get("responses") or []):
+        if ended[0]["key"] == b64(base + b"closed"):
+            log.warning(
+                "rendezvous %r: a job with this id has ended and some of its nodes' keys have not expired "
+                "yet; this node will find the rendezvous closed. Use a new --rdzv-id, or start again once "
+                "they expire (lease_ttl)",
+                run_id,
+            )
+        return False  # a live job (or one whose nodes died less than lease_ttl ago)
+    guard = [
+        {"key": ended[0]["key"], "target": "MOD", "result": "EQUAL", "mod_revision": ended[0]["mod_revision"]},
+        {"key": current[0]["key"], "target": "MOD", "result": "EQUAL", "mod_revision": current[0]["mod_revision"]},
+    ]
+    result = client.txn(guard, [{"request_delete_range": {"key": b64(base), "range_end": b64(_after(base))}}])
+    if result.get("succeeded"):
+        log.info("rendezvous %r: removed the keys an ended job with this id left in etcd", run_id)
+        return True
+    return False
+
+
 def connect(settings: EtcdSettings, run_id: str = "") -> EtcdClient:
     """A client that has reached the cluster, authenticated and read the job's prefix.
 
@@ -51,10 +106,7 @@ def connect(settings: EtcdSettings, run_id: str = "") -> EtcdClient:
     prefix = settings.prefix.encode()
     try:
         # A count over the job's prefix: proves reachability, credentials and read permission.
-        client.request(
-            "/kv/range",
-            {"key": b64(prefix), "range_end": b64(prefix[:-1] + bytes([prefix[-1] + 1])), "count_only": True},
-        )
+        client.request("/kv/range", {"key": b64(prefix), "range_end": b64(_after(prefix)), "count_only": True})
     except EtcdUnavailableError as exc:
         client.close()
         raise RendezvousError(
@@ -75,11 +127,17 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     """
     from launcher.rendezvous.dynamic import handler_over_store
 
+    from launcher_etcd.client import EtcdError
     from launcher_etcd.store import EtcdStore
 
     config = rendezvous_config(params)
     settings = EtcdSettings.from_parameters(params, config)
     client = connect(settings, params.run_id)
+    try:
+        clear_finished_job(client, settings.prefix, params.run_id)
+    except EtcdError as exc:
+        client.close()
+        raise RendezvousError(f"etcd rendezvous {params.run_id!r}: {exc}") from None
     log.info(
         "rendezvous %r: etcd at %s (%s), keys under %s, lease TTL %d s",
         params.run_id,

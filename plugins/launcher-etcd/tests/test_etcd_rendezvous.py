@@ -191,3 +191,39 @@ def test_set_closed_ends_the_job_for_late_nodes(
     late = handlers(node_params(shared_etcd.endpoint, run_id, "2"))
     with pytest.raises(RendezvousClosedError):
         late.next_rendezvous()
+
+
+def test_a_finished_jobs_id_can_be_used_again_once_its_nodes_keys_expired(
+    shared_etcd: EtcdCluster, run_id: str, handlers: Callable[..., Any]
+) -> None:
+    params = node_params(shared_etcd.endpoint, run_id, "2", lease_ttl="2")
+    first = [handlers(params) for _ in range(2)]
+    rendezvous_all(first)
+    first[0].set_closed()
+    for node in first:
+        node.shutdown()  # a clean exit: the keys stay until the lease runs out
+    # Its nodes' keys are still there: a node now is a late node of the ended job.
+    with pytest.raises(RendezvousClosedError):
+        handlers(params).next_rendezvous()
+    time.sleep(3.0)  # past lease_ttl: nothing of the old job is alive
+    second = [handlers(params) for _ in range(2)]
+    infos = rendezvous_all(second)
+    assert sorted(i.group_rank for i in infos) == [0, 1] and infos[0].round == 0
+
+
+def test_the_id_of_a_job_whose_nodes_all_died_can_be_used_again(
+    shared_etcd: EtcdCluster, run_id: str, handlers: Callable[..., Any]
+) -> None:
+    params = node_params(shared_etcd.endpoint, run_id, "2", lease_ttl="2")
+    first = [handlers(params) for _ in range(2)]
+    rendezvous_all(first)
+    running = [handlers(params) for _ in range(2)]  # a live job is never cleared
+    probe = make_store(shared_etcd.endpoint, f"/launcher/{run_id}/")
+    assert probe.check([f"launcher/rdzv/{run_id}/current", f"launcher/rdzv/{run_id}/0/sealed"])
+    probe.close()
+    for node in [*first, *running]:
+        node.shutdown()  # no set_closed: as if every node had died
+    time.sleep(3.0)  # past lease_ttl
+    second = [handlers(params) for _ in range(2)]
+    infos = rendezvous_all(second)
+    assert sorted(i.group_rank for i in infos) == [0, 1] and infos[0].round == 0
