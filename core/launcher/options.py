@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(*_flag("--max-restarts"), action=_EnvDefault, default="0",
         help="Restarts of the worker group before the job fails (default 0).")
     add(*_flag("--monitor-interval"), action=_EnvDefault, default="0.1",
-        help="Seconds between checks of the rendezvous while workers run (worker exits are noticed "
-        "at once).")
+        help="Seconds between checks for joining or lost nodes while workers run (at least 1; worker "
+        "exits are noticed at once).")
     add(*_flag("--start-method"), action=_EnvDefault, default="spawn",
         help="spawn, fork or forkserver (function entrypoints only).")
     add(*_flag("--event-log-handler"), action=_EnvDefault, default="null",

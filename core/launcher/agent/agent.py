@@ -42,6 +42,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("launcher.agent")
 
 
+#: Seconds between membership checks at the least (see ``Agent._watch``).
+MIN_MEMBERSHIP_INTERVAL = 1.0
+
+
 class SignalReceived(Exception):
     """The agent received one of the signals it handles."""
 
@@ -125,6 +129,9 @@ class Agent:
         self._result_dir: str | None = None
         self._events: Any = None
         self._oom_watch: Any = None
+        self._wakeup_r: int | None = None
+        self._wakeup_w: int | None = None
+        self._previous_wakeup_fd = -1
 
     # -- set-up helpers ----------------------------------------------------------------------
 
@@ -140,6 +147,13 @@ class Agent:
             if first and self._in_rendezvous:
                 raise SignalReceived(signum)
 
+        # The C-level handler writes to this pipe the instant a signal arrives, waking the
+        # agent's selector; the Python handler below then only records which signal it was.
+        self._wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(self._wakeup_r, False)
+        os.set_blocking(wakeup_w, False)
+        self._wakeup_w = wakeup_w
+        self._previous_wakeup_fd = signal.set_wakeup_fd(wakeup_w, warn_on_full_buffer=False)
         for signum in self.config.signal_numbers:
             if signal.getsignal(signum) is signal.SIG_IGN:
                 # Ignored by whoever started us (nohup ignores SIGHUP, a background job SIGINT):
@@ -245,6 +259,12 @@ class Agent:
             for signum, old in previous_handlers.items():
                 with contextlib.suppress(OSError, ValueError, TypeError):
                     signal.signal(signum, old)
+            if self._wakeup_r is not None and self._wakeup_w is not None:
+                with contextlib.suppress(ValueError):
+                    signal.set_wakeup_fd(self._previous_wakeup_fd)
+                os.close(self._wakeup_r)
+                os.close(self._wakeup_w)
+                self._wakeup_r = self._wakeup_w = None
         return result
 
     def _rendezvous(self, handler: RendezvousHandler) -> RendezvousInfo:
@@ -354,7 +374,7 @@ class Agent:
             slot.env = envs[slot.local_rank]
         if self.entry.function is not None and self._result_dir is None:
             self._result_dir = tempfile.mkdtemp(prefix="launcher_results_")
-        group = WorkerGroup(slots, pump, watchdog)
+        group = WorkerGroup(slots, pump, watchdog, wakeup_fd=self._wakeup_r)
         self._group = group
         group.start(
             self.entry,
@@ -391,7 +411,10 @@ class Agent:
 
     def _watch(self, group: WorkerGroup, handler: RendezvousHandler) -> tuple[str, list[WorkerSlot]]:
         """Block until the group needs attention: ``succeeded``, ``failed``, ``membership``, ``signal``."""
-        interval = self.config.monitor_interval
+        # Exits are seen at once; this interval only paces questions to the rendezvous store.
+        # At least a second apart: each check is a few store reads, and with thousands of nodes
+        # asking ten times a second the store would serve little else.
+        interval = max(self.config.monitor_interval, MIN_MEMBERSHIP_INTERVAL)
         next_check = time.monotonic() + interval
         while True:
             if self._signal is not None:

@@ -72,11 +72,16 @@ def console_prefix(template: str | None, role: str, rank: int, local_rank: int, 
 class WorkerGroup:
     """The workers of one attempt on this node."""
 
-    def __init__(self, slots: list[WorkerSlot], pump: OutputPump, watchdog: Watchdog) -> None:
+    def __init__(self, slots: list[WorkerSlot], pump: OutputPump, watchdog: Watchdog,
+                 wakeup_fd: int | None = None) -> None:
+        """``wakeup_fd``, when given, is readable when :meth:`wait` should return early (a signal)."""
         self.slots = slots
         self._pump = pump
         self._watchdog = watchdog
         self._selector = selectors.DefaultSelector()
+        self._wakeup_fd = wakeup_fd
+        if wakeup_fd is not None:
+            self._selector.register(wakeup_fd, selectors.EVENT_READ, None)
         self._files: list[BinaryIO] = []
         self._polled: list[WorkerSlot] = []  # workers without an exit descriptor
 
@@ -176,6 +181,10 @@ class WorkerGroup:
             time.sleep(timeout)
         ended = []
         for key, _ in ready:
+            if key.data is None:  # woken up: let the caller look at why
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.read(key.fd, 512)
+                continue
             slot: WorkerSlot = key.data
             if slot.process is not None and slot.process.poll() is not None:
                 self._selector.unregister(key.fd)
