@@ -55,6 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover - the names below are imported on first us
     from launcher.testing.numa_suite import NumaStrategyConformance
     from launcher.testing.plugin_suite import PluginModuleConformance
     from launcher.testing.rendezvous_suite import (
+        NodeProcess,
+        PendingRendezvous,
         RendezvousBackendConformance,
         SeverableStore,
         SimulatedNode,
@@ -75,6 +77,8 @@ _EXPORTS = {
     "worker_envs": "logs_suite",
     "NumaStrategyConformance": "numa_suite",
     "PluginModuleConformance": "plugin_suite",
+    "NodeProcess": "rendezvous_suite",
+    "PendingRendezvous": "rendezvous_suite",
     "RendezvousBackendConformance": "rendezvous_suite",
     "SeverableStore": "rendezvous_suite",
     "SimulatedNode": "rendezvous_suite",
@@ -126,7 +130,9 @@ __all__ = [
     "FakeTopology",
     "KeyValueStoreConformance",
     "LogsSpecsConformance",
+    "NodeProcess",
     "NumaStrategyConformance",
+    "PendingRendezvous",
     "PluginModuleConformance",
     "RendezvousBackendConformance",
     "SeverableStore",
