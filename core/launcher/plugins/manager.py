@@ -282,6 +282,10 @@ class LauncherPluginManager(pluggy.PluginManager):
                 )
         choices = ", ".join(sorted(found)) or "none"
         hint = f"; is the plugin installed? (pip install launcher-{key})" if _looks_like_name(key) else ""
+        if self._failures:
+            # One of them may be what the user meant: say so rather than only "unknown".
+            broken = ", ".join(failed.describe() for failed in self._failures)
+            hint += f"; plugins that failed to load: {broken} (LAUNCHER_PLUGIN_TRACEBACKS=1 shows why)"
         raise PluginNotFoundError(f"unknown {kind} {name!r}: choose one of {choices}{hint}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launcher.rendezvous.api import RendezvousConfigError, RendezvousHandler, RendezvousParameters
@@ -10,6 +11,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.config import LaunchConfig
     from launcher.plugins.manager import LauncherPluginManager
     from launcher.plugins.types import RendezvousBackend
+    from launcher.store.api import KeyValueStore
 
 KIND = "rendezvous backend"
 
@@ -47,14 +49,28 @@ def check_rendezvous_config(config: LaunchConfig, manager: LauncherPluginManager
         )
 
 
-def create_rendezvous_handler(config: LaunchConfig, manager: LauncherPluginManager) -> RendezvousHandler:
-    """The handler of the configured backend; a store-only backend gets the core's algorithm."""
-    reg = _backend(config, manager)
-    params = rendezvous_parameters(config)
-    if reg.create_handler is not None:
-        return reg.create_handler(params)
-    assert reg.create_store is not None
-    store = reg.create_store(params)
+def handler_for(
+    backend: RendezvousBackend,
+    params: RendezvousParameters,
+    *,
+    wrap_store: Callable[[KeyValueStore], KeyValueStore] | None = None,
+) -> RendezvousHandler:
+    """The handler ``backend`` gives: its own, or the core's algorithm over its store.
+
+    ``wrap_store`` may stand between a store-only backend's store and the algorithm (tests use
+    it to cut a simulated node off its store).
+    """
+    if backend.create_handler is not None:
+        return backend.create_handler(params)
+    assert backend.create_store is not None
+    store = backend.create_store(params)
+    if wrap_store is not None:
+        store = wrap_store(store)
     from launcher.rendezvous.dynamic import handler_over_store
 
     return handler_over_store(store, params)
+
+
+def create_rendezvous_handler(config: LaunchConfig, manager: LauncherPluginManager) -> RendezvousHandler:
+    """The handler of the configured backend; a store-only backend gets the core's algorithm."""
+    return handler_for(_backend(config, manager), rendezvous_parameters(config))

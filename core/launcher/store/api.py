@@ -34,7 +34,12 @@ class KeyValueStore(Protocol):
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected`` (or is missing and ``expected`` is
-        empty); return the value now stored."""
+        empty); return the value now stored.
+
+        As torch's TCPStore does, a missing key with a non-empty ``expected`` stores nothing and
+        returns ``expected``: compare the result with ``desired`` to know whether the swap
+        happened.
+        """
 
     def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         """Values of several keys, waiting until all exist."""

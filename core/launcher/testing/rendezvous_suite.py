@@ -61,15 +61,9 @@ def create_handler(
 
     ``wrap_store`` may replace a store-only backend's store before the core's algorithm uses it.
     """
-    if backend.create_handler is not None:
-        return backend.create_handler(params)
-    assert backend.create_store is not None
-    store = backend.create_store(params)
-    if wrap_store is not None:
-        store = wrap_store(store)
-    from launcher.rendezvous.dynamic import handler_over_store
+    from launcher.rendezvous.registry import handler_for
 
-    return handler_over_store(store, params)
+    return handler_for(backend, params, wrap_store=wrap_store)
 
 
 class SeverableStore:
