@@ -291,8 +291,20 @@ class Agent:
               base_env: dict[str, str], cpus: list[frozenset[int] | None] | None) -> AgentResult:
         config = self.config
         remaining_restarts = config.max_restarts
+        previous: RendezvousInfo | None = None
+        #: Set when the last restart followed a worker failure (it may be refunded, see below).
+        charged = False
         while True:
             info = self._rendezvous(handler)
+            if charged and previous is not None and _lost_since(previous, info):
+                # The failure that used a restart came from a node leaving (peers' collectives
+                # break before heartbeats time out): re-forming costs no restart.
+                lost = ", ".join(sorted(_lost_since(previous, info)))
+                log.warning("node(s) %s left the job: the last restart is not counted", lost)
+                remaining_restarts += 1
+                self._restart_count -= 1
+            charged = False
+            previous = info
             group = self._start(info, logs_specs, pump, watchdog, base_env, cpus)
             outcome, failed = self._watch(group, handler)
             if outcome == "signal":
@@ -317,15 +329,25 @@ class Agent:
                 group.close()
                 self._group = None
                 continue
+            if outcome == "closed":
+                group.stop(signal.SIGTERM, config.shutdown_timeout)
+                group.close()
+                self._group = None
+                message = "the job was ended by another node (its workers failed, or it was stopped)"
+                self._emit("job_failed", reason=message)
+                return AgentResult(exit_code=1, message=message)
             # A worker failed.
             group.stop(signal.SIGTERM, config.shutdown_timeout)
             group.drain_output(group.slots)
             failures = self._failures(group, failed)
             group.close()
             self._group = None
+            if remaining_restarts == 0 and info.group_world_size > 1 and self._await_lost_nodes(handler):
+                continue  # a node left: re-form without counting a restart
             if remaining_restarts > 0:
                 remaining_restarts -= 1
                 self._restart_count += 1
+                charged = True
                 first = failures[0]
                 reason = f"local rank {first.local_rank} (pid {first.pid}) {_describe_exit(first)}"
                 log.warning("worker group failed: %s; restarting (%d of %d restarts left)",
@@ -432,11 +454,37 @@ class Agent:
                 return "succeeded", []
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
-                if self._membership_changed(handler):
+                change = self._membership_changed(handler)
+                if change == "closed":
+                    return "closed", []
+                if change:
                     return "membership", []
 
-    def _membership_changed(self, handler: RendezvousHandler) -> bool:
+    def _await_lost_nodes(self, handler: RendezvousHandler) -> bool:
+        """After a failure with no restart left: was a lost node the cause?
+
+        A node that dies breaks its peers' collectives at once, but its heartbeats take up to
+        the heartbeat timeout to be missed; wait that long (at most) for the verdict.
+        """
+        grace = _heartbeat_timeout(handler, self.config)
+        deadline = time.monotonic() + grace
+        while True:
+            try:
+                lost = handler.lost_nodes()
+            except (StoreError, RendezvousError, OSError):
+                return False
+            if lost:
+                log.warning("lost contact with node(s) %s; re-forming the group", ", ".join(lost))
+                self._emit("membership_changed", lost=list(lost), waiting=0)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+    def _membership_changed(self, handler: RendezvousHandler) -> bool | str:
         try:
+            if handler.is_closed():
+                return "closed"
             waiting = handler.num_nodes_waiting()
             lost = handler.lost_nodes()
         except (StoreError, RendezvousError, OSError) as exc:
@@ -535,6 +583,24 @@ class Agent:
             # Expected on every node but the store's host: the host may shut the store down the
             # moment the last node has said it is leaving.
             log.debug("exit barrier: store gone after every node left (%s)", exc)
+
+
+def _lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> set[str]:
+    """Participants of ``previous`` that are not in ``current`` (empty when either is unknown)."""
+    if not previous.participants or not current.participants:
+        return set()
+    return set(previous.participants) - set(current.participants)
+
+
+def _heartbeat_timeout(handler: RendezvousHandler, config: LaunchConfig) -> float:
+    """How long a lost node may go unnoticed by ``handler`` (bounded to a minute)."""
+    value = getattr(handler, "heartbeat_timeout", None)
+    if value is None:
+        value = config.rdzv_configs.get("heartbeat_timeout", 0)
+    try:
+        return min(60.0, max(0.0, float(value)))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _signal_message(signum: int) -> str:
