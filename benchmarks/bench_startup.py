@@ -94,6 +94,9 @@ def commands(python: Path) -> dict[str, list[str]]:
 def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     env["OMP_NUM_THREADS"] = "1"
+    # As on a user's machine, compiled bytecode is cached: without this, an editable install
+    # recompiles every module on every start while torch's installed .pyc files are used.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -395,6 +394,8 @@ class Agent:
         for slot in slots:  # reify may have added TORCHELASTIC_ERROR_FILE
             slot.env = envs[slot.local_rank]
         if self.entry.function is not None and self._result_dir is None:
+            import tempfile
+
             self._result_dir = tempfile.mkdtemp(prefix="launcher_results_")
         group = WorkerGroup(slots, pump, watchdog, wakeup_fd=self._wakeup_r)
         self._group = group

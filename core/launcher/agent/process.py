@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import subprocess
 import time
@@ -176,6 +175,8 @@ class FunctionWorker(WorkerProcess):
 
     def result(self) -> Any:
         """The callable's return value (after a successful exit)."""
+        import pickle
+
         with open(self.result_path, "rb") as handle:
             return pickle.load(handle)
 
@@ -213,6 +214,8 @@ def _function_main(
     stderr.close()
     os.environ.update(env)
     result = fn(*args)
+    import pickle
+
     with open(result_path + ".tmp", "wb") as handle:
         pickle.dump(result, handle)
     os.replace(result_path + ".tmp", result_path)

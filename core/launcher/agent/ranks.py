@@ -8,7 +8,6 @@ the exchange stays cheap at thousands of nodes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from launcher.store.api import KeyValueStore
@@ -36,6 +35,7 @@ def assign_ranks(
     """This node's rank offsets; a one-node job needs no store."""
     if group_world_size == 1 or store is None:
         return NodeRanks(0, local_world_size, 0, local_world_size)
+    import json
     store.set(f"{prefix}/node/{group_rank}", json.dumps([role, local_world_size]).encode())
     if group_rank == 0:
         keys = [f"{prefix}/node/{rank}" for rank in range(group_world_size)]

@@ -22,7 +22,6 @@ one through the ``launcher_event_handlers`` hook, and the agent delivers events 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -131,6 +130,8 @@ class Event:
     def to_json(self) -> str:
         """One line of JSON (no newline inside, whatever the data holds)."""
         # default=str: an odd value (a Path, a set) must not cost the event.
+        import json  # only sinks that serialise pay for it
+
         return json.dumps(self.to_dict(), separators=(",", ":"), default=str)
 
     @classmethod
@@ -149,6 +150,8 @@ class Event:
     @classmethod
     def from_json(cls, text: str) -> Event:
         """Inverse of :meth:`to_json`."""
+        import json
+
         return cls.from_dict(json.loads(text))
 
 

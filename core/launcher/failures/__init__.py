@@ -9,16 +9,43 @@
 See ``docs/failures.md``.
 """
 
-from launcher.failures.oom import OomWatch
+from typing import TYPE_CHECKING, Any
+
+# Imported eagerly: ``record`` is what worker scripts use, and binding the function here keeps
+# the name from resolving to the submodule of the same name.
 from launcher.failures.record import ERROR_FILE_ENV, record
-from launcher.failures.report import (
-    ErrorFileContent,
-    FailureReport,
-    ReportedFailure,
-    WorkerFailure,
-    explain_signal,
-    signal_name,
-)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.failures.oom import OomWatch
+    from launcher.failures.report import (
+        ErrorFileContent,
+        FailureReport,
+        ReportedFailure,
+        WorkerFailure,
+        explain_signal,
+        signal_name,
+    )
+
+# Loaded on first use: a worker that only wants ``record`` should not pay for the report code.
+_WHERE = {
+    "OomWatch": "oom",
+    "ErrorFileContent": "report",
+    "FailureReport": "report",
+    "ReportedFailure": "report",
+    "WorkerFailure": "report",
+    "explain_signal": "report",
+    "signal_name": "report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        module = importlib.import_module(f"launcher.failures.{_WHERE[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'launcher.failures' has no attribute {name!r}")
+
 
 __all__ = [
     "ERROR_FILE_ENV",
