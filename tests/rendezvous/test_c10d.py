@@ -1,0 +1,182 @@
+"""The c10d backend: endpoint parsing, is_host detection, serving and reaching torch's TCPStore."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from launcher.rendezvous.api import RendezvousConfigError, RendezvousError, RendezvousParameters
+from launcher.rendezvous.c10d import DEFAULT_PORT, create_handler, is_local_host, parse_c10d_endpoint
+from launcher.rendezvous.dynamic import DynamicRendezvousHandler
+
+from .conftest import rendezvous_all
+
+pytest.importorskip("torch.distributed")
+pytestmark = pytest.mark.timeout(60)
+
+FAST = {"join_timeout": "20", "last_call_timeout": "0.5", "keep_alive_interval": "0.2", "heartbeat_timeout": "1"}
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _params(endpoint: str, run_id: str = "c10d-test", nodes: int = 2, **config: str) -> RendezvousParameters:
+    return RendezvousParameters(
+        backend="c10d",
+        endpoint=endpoint,
+        run_id=run_id,
+        min_nodes=nodes,
+        max_nodes=nodes,
+        local_addr="127.0.0.1",
+        config={**FAST, **config},
+    )
+
+
+@pytest.fixture
+def handlers() -> Iterator[list[DynamicRendezvousHandler]]:
+    made: list[DynamicRendezvousHandler] = []
+    yield made
+    for handler in reversed(made):  # clients first, the serving node last
+        handler.shutdown()
+
+
+# -- endpoints ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [
+        ("node1:1234", ("node1", 1234)),
+        ("node1", ("node1", DEFAULT_PORT)),
+        ("10.0.0.1:29500", ("10.0.0.1", 29500)),
+        ("[::1]:29400", ("::1", 29400)),
+        ("[fe80::1]", ("fe80::1", DEFAULT_PORT)),
+        ("::1", ("::1", DEFAULT_PORT)),
+        (" localhost:0 ", ("localhost", 0)),
+    ],
+)
+def test_endpoint_parsing(endpoint: str, expected: tuple[str, int]) -> None:
+    assert parse_c10d_endpoint(endpoint) == expected
+
+
+@pytest.mark.parametrize("endpoint", ["node1:http", "node1:70000", "[::1:29400", "[::1]x"])
+def test_invalid_endpoint_is_a_config_error(endpoint: str) -> None:
+    with pytest.raises(RendezvousConfigError):
+        parse_c10d_endpoint(endpoint)
+
+
+def test_missing_endpoint_is_a_rendezvous_error() -> None:
+    with pytest.raises(RendezvousError, match="needs --rdzv-endpoint"):
+        create_handler(_params(""))
+
+
+def test_local_host_detection() -> None:
+    assert is_local_host("localhost")
+    assert is_local_host("127.0.0.1")
+    assert is_local_host("::1")
+    assert is_local_host("[::1]")
+    assert is_local_host(socket.gethostname())
+    assert is_local_host("node-a.example", local_addr="node-a.example")
+    assert not is_local_host("192.0.2.1")  # TEST-NET-1: never assigned to a real interface
+    assert not is_local_host("nonexistent-host.invalid")
+
+
+def test_local_host_detection_by_interface_address() -> None:
+    # An address of this machine other than loopback, if it has one.
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a source address
+            address = probe.getsockname()[0]
+    except OSError:
+        pytest.skip("no non-loopback IPv4 address")
+    if address.startswith("127."):
+        pytest.skip("no non-loopback IPv4 address")
+    assert is_local_host(address)
+
+
+# -- serving and joining --------------------------------------------------------------------------
+
+
+def test_host_serves_and_others_connect(handlers: list[DynamicRendezvousHandler]) -> None:
+    port = _free_port()
+    endpoint = f"127.0.0.1:{port}"
+    # Both guess that they are the host (loopback): the second finds the store served and connects.
+    handlers += [create_handler(_params(endpoint)) for _ in range(2)]
+    infos = rendezvous_all(handlers)
+    assert sorted(i.group_rank for i in infos) == [0, 1]
+    assert {(i.master_addr, i.master_port, i.use_agent_store) for i in infos} == {("127.0.0.1", port, True)}
+    assert handlers[0].get_backend() == "c10d"
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass  # the workers' store is the rendezvous store, served on the endpoint's port
+
+
+def test_ipv6_endpoint(handlers: list[DynamicRendezvousHandler]) -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    try:
+        port = _free_port("::1")
+    except OSError:
+        pytest.skip("::1 is not configured")
+    handlers.append(create_handler(_params(f"[::1]:{port}", is_host="1")))
+    handlers.append(create_handler(_params(f"[::1]:{port}", is_host="0")))
+    infos = rendezvous_all(handlers)
+    assert sorted(i.group_rank for i in infos) == [0, 1]
+    assert {(i.master_addr, i.master_port) for i in infos} == {("::1", port)}
+
+
+def test_port_0_serves_on_a_free_port(handlers: list[DynamicRendezvousHandler]) -> None:
+    handlers.append(create_handler(_params("127.0.0.1:0", nodes=1, is_host="1")))
+    info = handlers[0].next_rendezvous()
+    assert info.master_port > 0 and info.group_world_size == 1
+
+
+def test_port_0_on_a_client_is_refused() -> None:
+    with pytest.raises(RendezvousConfigError, match="port 0"):
+        create_handler(_params("127.0.0.1:0", is_host="0"))
+
+
+def test_unreachable_endpoint_fails_within_join_timeout() -> None:
+    port = _free_port()  # nobody listens there
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match="cannot reach the rendezvous store") as caught:
+        create_handler(_params(f"127.0.0.1:{port}", is_host="0", join_timeout="1"))
+    elapsed = time.monotonic() - started
+    assert 0.9 <= elapsed < 5, f"gave up after {elapsed:.1f} s; join_timeout is 1 s"
+    assert f"127.0.0.1:{port}" in str(caught.value)
+    assert "Traceback" not in str(caught.value) and "frame #" not in str(caught.value)
+
+
+def test_unresolvable_endpoint_is_a_clear_error() -> None:
+    with pytest.raises(RendezvousError, match="cannot resolve the rendezvous endpoint host"):
+        create_handler(_params("nonexistent-host.invalid:29400", is_host="0", join_timeout="1"))
+
+
+def test_explicit_host_on_a_busy_port_is_an_error() -> None:
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RendezvousError, match=f"cannot serve the rendezvous store on port {port}"):
+            create_handler(_params(f"127.0.0.1:{port}", is_host="1"))
+
+
+def test_unknown_config_key_lists_the_known_ones() -> None:
+    with pytest.raises(RendezvousConfigError, match="known keys: .*join_timeout.*stable_rank0"):
+        create_handler(_params("127.0.0.1:29400", lats_call_timeout="1"))
+
+
+def test_file_store(tmp_path: Path, handlers: list[DynamicRendezvousHandler]) -> None:
+    path = str(tmp_path / "rdzv-store")
+    handlers += [create_handler(_params(path, store_type="file")) for _ in range(2)]
+    infos = rendezvous_all(handlers)
+    assert sorted(i.group_rank for i in infos) == [0, 1]
+    # A FileStore cannot serve workers: group rank 0 names the workers' store.
+    assert not infos[0].use_agent_store
+    assert len({(i.master_addr, i.master_port) for i in infos}) == 1
