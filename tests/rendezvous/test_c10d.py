@@ -111,10 +111,25 @@ def test_host_serves_and_others_connect(handlers: list[DynamicRendezvousHandler]
     handlers += [create_handler(_params(endpoint)) for _ in range(2)]
     infos = rendezvous_all(handlers)
     assert sorted(i.group_rank for i in infos) == [0, 1]
-    assert {(i.master_addr, i.master_port, i.use_agent_store) for i in infos} == {("127.0.0.1", port, True)}
+    workers_stores = {(i.master_port, i.use_agent_store) for i in infos}
+    assert len(workers_stores) == 1
+    workers_port, use_agent_store = workers_stores.pop()
+    assert use_agent_store and workers_port != port
     assert handlers[0].get_backend() == "c10d"
     with socket.create_connection(("127.0.0.1", port), timeout=5):
-        pass  # the workers' store is the rendezvous store, served on the endpoint's port
+        pass  # the rendezvous store, served on the endpoint's port
+    with socket.create_connection(("127.0.0.1", workers_port), timeout=5):
+        pass  # the workers' store, served by group rank 0's agent
+
+
+def test_each_round_gets_a_fresh_workers_store(handlers: list[DynamicRendezvousHandler]) -> None:
+    """A re-formed group must not read the previous group's keys (dead ranks' addresses)."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    handlers += [create_handler(_params(endpoint)) for _ in range(2)]
+    first = rendezvous_all(handlers)
+    second = rendezvous_all(handlers)
+    assert len({i.master_port for i in first}) == len({i.master_port for i in second}) == 1
+    assert first[0].master_port != second[0].master_port
 
 
 def test_ipv6_endpoint(handlers: list[DynamicRendezvousHandler]) -> None:
@@ -128,7 +143,7 @@ def test_ipv6_endpoint(handlers: list[DynamicRendezvousHandler]) -> None:
     handlers.append(create_handler(_params(f"[::1]:{port}", is_host="0")))
     infos = rendezvous_all(handlers)
     assert sorted(i.group_rank for i in infos) == [0, 1]
-    assert {(i.master_addr, i.master_port) for i in infos} == {("::1", port)}
+    assert len({(i.master_addr, i.master_port) for i in infos}) == 1
 
 
 def test_port_0_serves_on_a_free_port(handlers: list[DynamicRendezvousHandler]) -> None:
@@ -177,6 +192,6 @@ def test_file_store(tmp_path: Path, handlers: list[DynamicRendezvousHandler]) ->
     handlers += [create_handler(_params(path, store_type="file")) for _ in range(2)]
     infos = rendezvous_all(handlers)
     assert sorted(i.group_rank for i in infos) == [0, 1]
-    # A FileStore cannot serve workers: group rank 0 names the workers' store.
-    assert not infos[0].use_agent_store
+    # A FileStore cannot serve workers: group rank 0's agent serves their store.
+    assert infos[0].use_agent_store  # rank 0's agent serves the workers' store
     assert len({(i.master_addr, i.master_port) for i in infos}) == 1

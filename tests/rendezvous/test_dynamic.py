@@ -93,13 +93,17 @@ def test_workers_store_given_by_the_backend(cluster: Cluster) -> None:
     assert {(i.master_addr, i.master_port, i.use_agent_store) for i in infos} == {("10.1.2.3", 4567, True)}
 
 
-def test_workers_store_named_by_rank_0_without_one(cluster: Cluster) -> None:
+def test_workers_store_served_by_rank_0s_agent(cluster: Cluster) -> None:
+    import socket
+
     run = cluster.run_id()
     infos = rendezvous_all(cluster.nodes(3, run, 3, 3))
     assert len({(i.master_addr, i.master_port) for i in infos}) == 1
     assert infos[0].master_addr == "127.0.0.1"
     assert 0 < infos[0].master_port < 65536
-    assert not any(i.use_agent_store for i in infos)
+    assert all(i.use_agent_store for i in infos)
+    with socket.create_connection((infos[0].master_addr, infos[0].master_port), timeout=5):
+        pass  # listening already: the workers never race the agent for it
 
 
 # -- elastic membership ---------------------------------------------------------------------------

@@ -273,7 +273,6 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     explicit = config.is_host is not None
     is_host = bool(config.is_host) if explicit else is_local_host(host, params.local_addr)
     store, served = open_store(host, port, is_host=is_host, explicit=explicit, config=config, run_id=params.run_id)
-    actual_port = int(store.port)
     return DynamicRendezvousHandler(
         TorchStore(store),
         run_id=params.run_id,
@@ -282,7 +281,5 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
         config=config,
         local_addr=params.local_addr,
         is_host=served,
-        master_addr=host,
-        master_port=actual_port,
         backend_name="c10d",
     )

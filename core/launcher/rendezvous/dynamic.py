@@ -457,10 +457,13 @@ class DynamicRendezvousHandler:
     ``store`` is any :class:`~launcher.store.api.KeyValueStore` every node of the job reaches;
     the handler owns it and closes it on :meth:`shutdown`. ``is_host`` says this node serves
     the store (it then goes first in rank order with ``stable_rank0``). ``master_addr`` and
-    ``master_port`` name the store the workers use (``TORCHELASTIC_USE_AGENT_STORE``); leave them
-    ``None`` when the store cannot serve workers, and group rank 0 then publishes its own address
-    and a free port for the workers' store. ``local_world_size`` (settable before each round) is
-    shared with the other nodes and comes back in ``RendezvousInfo.local_world_sizes``.
+    ``master_port`` name a store the workers use in every round; leave them ``None`` (the default)
+    and the agent of group rank 0 serves a fresh store for each round's workers (launcher's
+    pure-Python TCPStore on a kernel-chosen port) and publishes its address: torch's workers add
+    no per-attempt prefix to an agent store, so a store shared across rounds would hand a
+    re-formed group the addresses of the previous group's dead ranks. ``local_world_size``
+    (settable before each round) is shared with the other nodes and comes back in
+    ``RendezvousInfo.local_world_sizes``.
     ``progress_interval`` is the period of "still waiting" messages on the
     ``launcher.rendezvous`` logger. ``on_shutdown`` runs once in :meth:`shutdown`.
     """
@@ -508,6 +511,7 @@ class DynamicRendezvousHandler:
         self._lost_lock = threading.Lock()
         self._closed = False
         self._shut_down = False
+        self._workers_server: Any = None
 
     # -- facts -------------------------------------------------------------------------------
 
@@ -842,18 +846,24 @@ class DynamicRendezvousHandler:
     def _workers_store(self, m: _Membership) -> tuple[str, int, bool]:
         if self._master_addr is not None and self._master_port is not None:
             return self._master_addr, self._master_port, True
-        # No store the workers can share: rank 0 names its own address and a free port, and
-        # its worker of rank 0 serves the store there (torchrun's behaviour without an agent store).
         key = self._keys.master(m.round)
+        self._stop_workers_store()  # last round's workers are gone; so is this node's role
         if m.rank == 0:
+            from launcher.store.server import StoreServer
+
             addr = self._node.addr
-            with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as sock:
-                sock.bind(("", 0))
-                port = sock.getsockname()[1]
-            self._ops.set(key, json.dumps([addr, port]).encode())
-            return addr, port, False
+            server = StoreServer("::" if ":" in addr else "0.0.0.0", 0)
+            server.start()
+            self._workers_server = server
+            self._ops.set(key, json.dumps([addr, server.port]).encode())
+            return addr, server.port, True
         addr, port = json.loads(self._ops.get(key))
-        return str(addr), int(port), False
+        return str(addr), int(port), True
+
+    def _stop_workers_store(self) -> None:
+        server, self._workers_server = self._workers_server, None
+        if server is not None:
+            server.close()
 
     # -- while the workers run ---------------------------------------------------------------
 
@@ -949,6 +959,7 @@ class DynamicRendezvousHandler:
             log.warning("rendezvous %r: shutdown: %s", self._run_id, exc)
             ok = False
         self._shut_down = True
+        self._stop_workers_store()
         try:
             self._ops.store.close()
         finally:
