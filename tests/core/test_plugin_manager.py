@@ -172,3 +172,29 @@ def test_every_hook_kind_has_a_registration_type_and_documented_example():
         assert kind in types.REGISTRATION_TYPES
         doc = getattr(hookspec.LauncherSpecs, hook).__doc__
         assert "@hookimpl" in doc and "yield" in doc, hook
+
+
+def test_torchrun_handlers_group_is_usable_by_name(site):
+    """A handler registered for torchrun is found without being loaded, and runs through the adapter."""
+    from tests.rendezvous.test_torch_handlers import PLUGIN_SOURCE
+
+    make_distribution(
+        site, "torch-rdzv-thing", "0.5", {"thirdparty_rdzv": PLUGIN_SOURCE},
+        {"torchrun.handlers": {"tcpfake": "thirdparty_rdzv:get_creator", "c10d": "thirdparty_rdzv:get_creator"}},
+    )
+    manager = get_plugin_manager(environ={})
+    provided = manager.lookup("rendezvous backend", "tcpfake")
+    assert (provided.plugin.group, provided.plugin.distribution) == ("torchrun.handlers", "torch-rdzv-thing")
+    assert "thirdparty_rdzv" not in sys.modules  # listing and lookup load nothing
+    # launcher's own c10d wins over a torchrun.handlers entry of the same name.
+    assert manager.lookup("rendezvous backend", "c10d").plugin.group == "launcher"
+
+    from launcher.rendezvous.api import RendezvousParameters
+
+    params = RendezvousParameters(backend="tcpfake", endpoint="", run_id="t", min_nodes=1, max_nodes=1)
+    handler = provided.registration.create_handler(params)
+    try:
+        info = handler.next_rendezvous()
+        assert info.group_world_size >= 1
+    finally:
+        handler.shutdown()

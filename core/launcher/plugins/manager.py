@@ -28,7 +28,7 @@ import pluggy
 from launcher.errors import UsageError
 from launcher.plugins import entrypoints
 from launcher.plugins.hookspec import HOOKS_BY_KIND, PROJECT, LauncherSpecs
-from launcher.plugins.types import LogsSpecsProvider, Registration
+from launcher.plugins.types import LogsSpecsProvider, Registration, RendezvousBackend
 
 log = logging.getLogger("launcher.plugins")
 
@@ -159,6 +159,7 @@ class LauncherPluginManager(pluggy.PluginManager):
             except ValueError:  # already registered under this name (same module twice)
                 continue
         self._load_torchrun_logs_specs()
+        self._load_torchrun_handlers()
         self._cache.clear()
 
     def _allowed(self, info: PluginInfo) -> bool:
@@ -197,6 +198,31 @@ class LauncherPluginManager(pluggy.PluginManager):
             try:
                 reg = LogsSpecsProvider(
                     name=ep.name, load_class=ep.load, description=f"torchrun LogsSpecs {ep.value}"
+                )
+            except ValueError as exc:
+                self._record_failure(info, exc)
+                continue
+            self._foreign.setdefault(reg.kind, []).append(Provided(reg, info))
+
+    def _load_torchrun_handlers(self) -> None:
+        # torch's group maps a name to a function returning a handler creator; the adapter that
+        # runs it (and imports torch) is loaded only when the backend is chosen.
+        for ep in entrypoints.entry_points("torchrun.handlers"):
+            info = PluginInfo(
+                name=ep.name,
+                distribution=ep.distribution,
+                version=ep.version,
+                group="torchrun.handlers",
+                value=ep.value,
+                loaded=True,
+            )
+            if info.name in self.block:
+                continue
+            try:
+                reg = RendezvousBackend(
+                    name=ep.name,
+                    description=f"torchrun rendezvous handler {ep.value}",
+                    create_handler=_TorchrunHandler(ep),
                 )
             except ValueError as exc:
                 self._record_failure(info, exc)
@@ -287,6 +313,21 @@ class LauncherPluginManager(pluggy.PluginManager):
             broken = ", ".join(failed.describe() for failed in self._failures)
             hint += f"; plugins that failed to load: {broken} (LAUNCHER_PLUGIN_TRACEBACKS=1 shows why)"
         raise PluginNotFoundError(f"unknown {kind} {name!r}: choose one of {choices}{hint}")
+
+
+class _TorchrunHandler:
+    """``create_handler`` for a ``torchrun.handlers`` entry point, loaded on first use."""
+
+    def __init__(self, entry_point: entrypoints.FoundEntryPoint) -> None:
+        self._entry_point = entry_point
+        self._creator: Any = None
+
+    def __call__(self, params: Any) -> Any:
+        if self._creator is None:
+            from launcher.rendezvous.torch_handlers import EntryPointCreator
+
+            self._creator = EntryPointCreator(self._entry_point)
+        return self._creator(params)
 
 
 def _looks_like_name(name: str) -> bool:

@@ -123,10 +123,14 @@ class TorchHandlerAdapter:
         return bool(self._call("shutdown"))
 
 
-class _EntryPointCreator:
-    """Loads the entry point on first use; the returned creator is kept for later handlers."""
+class EntryPointCreator:
+    """Loads the entry point on first use; the returned creator is kept for later handlers.
 
-    def __init__(self, entry_point: metadata.EntryPoint) -> None:
+    ``entry_point`` is anything with ``name``, ``value`` and ``load()`` (an
+    :class:`importlib.metadata.EntryPoint`, or the plugin manager's own scanner's result).
+    """
+
+    def __init__(self, entry_point: Any) -> None:
         self.entry_point = entry_point
         self._creator: Any = None
 
@@ -181,7 +185,7 @@ def torchrun_handler_entries() -> list[TorchrunHandlerEntry]:
             reg = RendezvousBackend(
                 name=ep.name,
                 description=f"torchrun handler {ep.value}" + (f" from {dist_name}" if dist_name else ""),
-                create_handler=_EntryPointCreator(ep),
+                create_handler=EntryPointCreator(ep),
             )
         except ValueError as exc:
             log.warning("torchrun.handlers entry point %r skipped: %s", ep.name, exc)
