@@ -99,3 +99,10 @@ def test_heartbeat_timeout_must_outlast_the_heartbeat_interval() -> None:
         DynamicRendezvousConfig.from_mapping({"heartbeat_timeout": "5"})
     with pytest.raises(RendezvousConfigError, match="longer than keep_alive_interval"):
         DynamicRendezvousConfig(keep_alive_interval=1.0, heartbeat_timeout=0.5)
+
+
+def test_builtin_c10d_registration_accepts_exactly_the_core_keys() -> None:
+    from launcher.plugins.builtin.rendezvous import C10D_CONFIG_KEYS
+    from launcher.rendezvous.config import CONFIG_KEYS
+
+    assert set(C10D_CONFIG_KEYS) == set(CONFIG_KEYS)

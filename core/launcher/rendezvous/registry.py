@@ -41,11 +41,17 @@ def check_rendezvous_config(config: LaunchConfig, manager: LauncherPluginManager
     reg = _backend(config, manager)
     if reg.config_keys is None:
         return
-    unknown = sorted(set(config.rdzv_configs) - reg.config_keys)
+    known = set(reg.config_keys)
+    if reg.create_store is not None:
+        # A store-only backend runs the core's algorithm, which reads the core's keys too.
+        from launcher.rendezvous.config import CONFIG_KEYS
+
+        known |= set(CONFIG_KEYS)
+    unknown = sorted(set(config.rdzv_configs) - known)
     if unknown:
         raise RendezvousConfigError(
             f"--rdzv-conf key {unknown[0]!r} is unknown to the {reg.name} backend; "
-            f"known keys: {', '.join(sorted(reg.config_keys))}"
+            f"known keys: {', '.join(sorted(known))}"
         )
 
 

@@ -64,7 +64,18 @@ def clear_finished_job(client: EtcdClient, prefix: str, run_id: str) -> bool:
     current = client.range(base + b"current").get("kvs") or []
     if not current:
         return False  # a new job id, or a job that has not opened its first round yet
-    last = int(unb64(current[0].get("value", "")) or b"0")
+    raw = unb64(current[0].get("value", "")) or b"0"
+    if raw.isdigit():
+        last = int(raw)
+    else:
+        # A closed job swaps the round number for "closed": find its last round from the keys.
+        listing = client.range(base, range_end=b64(_after(base)), keys_only=True).get("kvs") or []
+        rounds = [
+            int(name.split(b"/", 1)[0])
+            for name in (unb64(kv["key"])[len(base):] for kv in listing)
+            if name.split(b"/", 1)[0].isdigit()
+        ]
+        last = max(rounds, default=0)
     ended = client.range(base + b"closed").get("kvs") or client.range(base + f"{last}/sealed".encode()).get("kvs")
     if not ended:
         return False

@@ -73,9 +73,9 @@ def test_full_round_assigns_ranks_and_shares_a_store(
     assert {i.group_world_size for i in infos} == {4} and len({i.round for i in infos}) == 1
     assert all(i.participants == infos[0].participants for i in infos)
     assert [node.node.id for node in nodes] == [infos[0].participants[i.group_rank] for i in infos]
-    # etcd cannot serve the workers: rank 0 names its own address and a port for its rank-0 worker.
+    # etcd cannot serve the workers: group rank 0's agent serves their store and names it.
     assert {(i.master_addr, i.master_port, i.use_agent_store) for i in infos} == {
-        ("127.0.0.1", infos[0].master_port, False)
+        ("127.0.0.1", infos[0].master_port, True)
     }
     # The round's store is shared by the agents (rank assignment, exit barrier).
     stores = [i.store for i in infos]
@@ -132,7 +132,8 @@ def test_a_killed_node_loses_its_keys_and_is_reported_lost_then_survivors_reform
         # A client of its own under the job's prefix, to look at the victim's heartbeat counter.
         probe = make_store(shared_etcd.endpoint, f"/launcher/{run_id}/")
         victim_keys = [f"launcher/rdzv/{run_id}/{victim['round']}/hb/{victim['rank']}"]
-        assert probe.check(victim_keys)
+        # The first heartbeat is written by the node's heartbeat thread, a tick after the round.
+        wait_for(lambda: probe.check(victim_keys), 5, "the victim's first heartbeat")
         child.kill()  # SIGKILL: no goodbye, no lease revocation
         child.wait(10)
         killed_at = time.monotonic()
