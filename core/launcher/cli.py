@@ -37,6 +37,10 @@ def _setup_logging() -> None:
     root.handlers[:] = [handler]
     root.setLevel(level if isinstance(level, int) else logging.WARNING)
     root.propagate = False
+    if "LOGLEVEL" not in os.environ:
+        # Waiting for other nodes should never look like a hang: show the rendezvous' progress
+        # ("2 joined of min 3 ...; timeout in 540 s") by default.
+        logging.getLogger("launcher.rendezvous").setLevel(logging.INFO)
 
 
 def plugins_command(argv: Sequence[str]) -> int:
