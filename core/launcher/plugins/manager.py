@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -158,8 +158,7 @@ class LauncherPluginManager(pluggy.PluginManager):
                 self.register_plugin(plugin, info)
             except ValueError:  # already registered under this name (same module twice)
                 continue
-        self._load_torchrun_logs_specs()
-        self._load_torchrun_handlers()
+        self._load_torchrun_groups()
         self._cache.clear()
 
     def _allowed(self, info: PluginInfo) -> bool:
@@ -181,53 +180,41 @@ class LauncherPluginManager(pluggy.PluginManager):
         if self.show_tracebacks:
             log.warning("%s", info.traceback)
 
-    def _load_torchrun_logs_specs(self) -> None:
-        # torch's group maps a name straight to a LogsSpecs class; loading it may import torch,
-        # so it is wrapped in a registration that loads the class only when chosen.
-        for ep in entrypoints.entry_points("torchrun.logs_specs"):
-            info = PluginInfo(
-                name=ep.name,
-                distribution=ep.distribution,
-                version=ep.version,
-                group="torchrun.logs_specs",
-                value=ep.value,
-                loaded=True,
-            )
-            if info.name in self.block:
-                continue
-            try:
-                reg = LogsSpecsProvider(
-                    name=ep.name, load_class=ep.load, description=f"torchrun LogsSpecs {ep.value}"
-                )
-            except ValueError as exc:
-                self._record_failure(info, exc)
-                continue
-            self._foreign.setdefault(reg.kind, []).append(Provided(reg, info))
+    def _load_torchrun_groups(self) -> None:
+        """Read torch's own groups, each entry wrapped so that nothing loads until it is chosen.
 
-    def _load_torchrun_handlers(self) -> None:
-        # torch's group maps a name to a function returning a handler creator; the adapter that
-        # runs it (and imports torch) is loaded only when the backend is chosen.
-        for ep in entrypoints.entry_points("torchrun.handlers"):
-            info = PluginInfo(
+        ``torchrun.logs_specs`` maps a name to a LogsSpecs class (loading it may import torch);
+        ``torchrun.handlers`` maps a name to a function returning a handler creator, run through
+        launcher's adapter (which imports torch).
+        """
+        wrappers: dict[str, Callable[[entrypoints.FoundEntryPoint], Registration]] = {
+            "torchrun.logs_specs": lambda ep: LogsSpecsProvider(
+                name=ep.name, load_class=ep.load, description=f"torchrun LogsSpecs {ep.value}"
+            ),
+            "torchrun.handlers": lambda ep: RendezvousBackend(
                 name=ep.name,
-                distribution=ep.distribution,
-                version=ep.version,
-                group="torchrun.handlers",
-                value=ep.value,
-                loaded=True,
-            )
-            if info.name in self.block:
-                continue
-            try:
-                reg = RendezvousBackend(
+                description=f"torchrun rendezvous handler {ep.value}",
+                create_handler=_TorchrunHandler(ep),
+            ),
+        }
+        for group, wrap in wrappers.items():
+            for ep in entrypoints.entry_points(group):
+                info = PluginInfo(
                     name=ep.name,
-                    description=f"torchrun rendezvous handler {ep.value}",
-                    create_handler=_TorchrunHandler(ep),
+                    distribution=ep.distribution,
+                    version=ep.version,
+                    group=group,
+                    value=ep.value,
+                    loaded=True,
                 )
-            except ValueError as exc:
-                self._record_failure(info, exc)
-                continue
-            self._foreign.setdefault(reg.kind, []).append(Provided(reg, info))
+                if info.name in self.block:
+                    continue
+                try:
+                    reg = wrap(ep)
+                except ValueError as exc:
+                    self._record_failure(info, exc)
+                    continue
+                self._foreign.setdefault(reg.kind, []).append(Provided(reg, info))
 
     def add_foreign(self, kind: str, provided: Provided) -> None:
         """Add a registration from outside the ``launcher`` group (e.g. ``torchrun.handlers``).
