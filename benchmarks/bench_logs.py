@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / "benchmarks" / ".venv"
+from bench_venv import ROOT, VENV, ensure_venv
+
 NPROC = 2
 TOOLS = ("launcher", "torchrun")
 
@@ -52,15 +52,6 @@ CONSOLE_LINE = re.compile(rb"^\[default([01])\]:rank \1 line (\d+) the quick bro
                           re.MULTILINE)
 FILE_LINE = re.compile(rb"^rank ([01]) line (\d+) the quick brown fox jumps over the lazy dog$", re.MULTILINE)
 
-
-def ensure_venv() -> Path:
-    """The benchmark's own interpreter: no global site-packages, so no .pth imports at start-up."""
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e", str(ROOT), "torch==2.13.0"],
-                       check=True)
-    return python
 
 
 def clean_env() -> dict[str, str]:

@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / "benchmarks" / ".venv"
+from bench_venv import ROOT, VENV, ensure_venv
+
 NPROC = 4
 
 NOOP = """
@@ -73,14 +73,6 @@ import time
 time.sleep(1.5)
 """
 
-
-def ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e", str(ROOT), "torch==2.13.0"],
-                       check=True)
-    return python
 
 
 def commands(python: Path) -> dict[str, list[str]]:
