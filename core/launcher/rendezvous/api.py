@@ -103,6 +103,32 @@ class RendezvousInfo:
     local_world_sizes: list[int] = field(default_factory=list)
 
 
+class FixedMembership:
+    """What a rendezvous whose nodes never change answers while workers run.
+
+    For handlers of a fixed set of nodes (single-node, static): no node ever waits to join or
+    goes missing, and closing only marks this node done. Set ``_run_id`` and ``_closed``.
+    """
+
+    _run_id: str
+    _closed: bool = False
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def set_closed(self) -> None:
+        self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def lost_nodes(self) -> list[str]:
+        return []
+
+    def get_run_id(self) -> str:
+        return self._run_id
+
+
 @runtime_checkable
 class RendezvousHandler(Protocol):
     """What the agent needs from a rendezvous."""

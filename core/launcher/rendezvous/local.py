@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import socket
 
-from launcher.rendezvous.api import RendezvousClosedError, RendezvousInfo
+from launcher.rendezvous.api import FixedMembership, RendezvousClosedError, RendezvousInfo
 from launcher.store.server import StoreServer
 
 
-class LocalRendezvous:
+class LocalRendezvous(FixedMembership):
     """A :class:`~launcher.rendezvous.api.RendezvousHandler` for a job of exactly one node."""
 
     def __init__(self, run_id: str, host: str = "127.0.0.1") -> None:
@@ -43,21 +43,6 @@ class LocalRendezvous:
             round=self._round,
             participants=[socket.gethostname()],
         )
-
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def set_closed(self) -> None:
-        self._closed = True
-
-    def num_nodes_waiting(self) -> int:
-        return 0
-
-    def lost_nodes(self) -> list[str]:
-        return []
-
-    def get_run_id(self) -> str:
-        return self._run_id
 
     def shutdown(self) -> bool:
         if self._server is not None:

@@ -14,6 +14,7 @@ import time
 
 from launcher.errors import UsageError
 from launcher.rendezvous.api import (
+    FixedMembership,
     RendezvousClosedError,
     RendezvousError,
     RendezvousInfo,
@@ -30,13 +31,14 @@ DEFAULT_TIMEOUT = 600.0
 CONFIG_KEYS = frozenset({"rank", "timeout"})
 
 
-class StaticRendezvous:
+class StaticRendezvous(FixedMembership):
     """A :class:`~launcher.rendezvous.api.RendezvousHandler` for a fixed-size job."""
 
     def __init__(self, params: RendezvousParameters) -> None:
         if params.min_nodes != params.max_nodes:
             raise UsageError("the static rendezvous needs a fixed --nnodes; use c10d for MIN:MAX")
         self._params = params
+        self._run_id = params.run_id
         self.world_size = params.max_nodes
         self.rank = params.get_as_int("rank", 0)
         self.timeout = params.get_as_float("timeout", DEFAULT_TIMEOUT)
@@ -126,21 +128,6 @@ class StaticRendezvous:
                     ) from None
                 log.info("waiting for nodes: %d of %d arrived (round %d, %.0fs until timeout)",
                          count, self.world_size, round_, deadline - time.monotonic())
-
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def set_closed(self) -> None:
-        self._closed = True
-
-    def num_nodes_waiting(self) -> int:
-        return 0
-
-    def lost_nodes(self) -> list[str]:
-        return []
-
-    def get_run_id(self) -> str:
-        return self._params.run_id
 
     def shutdown(self) -> bool:
         if self._store is not None:
