@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,16 @@ from pathlib import Path
 import pytest
 
 LAUNCHER = [sys.executable, "-m", "launcher"]
+
+
+def unwrapped(text: str) -> str:
+    """``text`` with every line break (and the indentation around it) made one space.
+
+    The failure report wraps long values at a fixed width, so where a phrase breaks depends on
+    the length of the paths, pids and host names before it. Tests that look for a phrase in the
+    report's words look in this form, which is the same on every machine.
+    """
+    return re.sub(r"[ \t]*\n[ \t]*", " ", text)
 
 
 def launcher_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -12,8 +12,9 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.api import LaunchConfig, launch
+    from launcher.hangs.heartbeat import heartbeat, quiet
 
-__all__ = ["LaunchConfig", "launch", "__version__"]
+__all__ = ["LaunchConfig", "launch", "heartbeat", "quiet", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +23,11 @@ def __getattr__(name: str) -> Any:
         from launcher import api
 
         return getattr(api, name)
+    if name in ("heartbeat", "quiet"):
+        # Standard library only: training code calls it without loading the agent. Kept as a
+        # module global afterwards, so ``launcher.heartbeat()`` skips this function next time.
+        from launcher.hangs.heartbeat import heartbeat, quiet
+
+        globals().update(heartbeat=heartbeat, quiet=quiet)
+        return globals()[name]
     raise AttributeError(f"module 'launcher' has no attribute {name!r}")

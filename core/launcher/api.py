@@ -47,11 +47,15 @@ def launch(config: LaunchConfig, entrypoint: Callable[..., Any] | str) -> Callab
     def run(*args: Any) -> dict[int, Any]:
         from launcher.agent.agent import Agent
         from launcher.agent.group import Entrypoint
-        from launcher.config import validate_plugins
+        from launcher.config import preflight
+        from launcher.console import ensure_console_logging
         from launcher.plugins.manager import get_plugin_manager
 
+        # The same notices, in the same format, as the command line prints (OMP_NUM_THREADS...).
+        ensure_console_logging()
+
         manager = get_plugin_manager()
-        validate_plugins(config, manager)
+        preflight(config, manager)
         if isinstance(entrypoint, str):
             entry = Entrypoint(command=[entrypoint, *map(str, args)])
         else:

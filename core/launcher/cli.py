@@ -13,34 +13,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from launcher.console import setup_console_logging
 from launcher.errors import LaunchError, UsageError
+from launcher.values import one_line, quote
 
 log = logging.getLogger("launcher")
-
-
-class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
-    """Writes the launcher's messages under the console lock the output pump uses."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from launcher.logs.pump import CONSOLE_LOCK
-
-        with CONSOLE_LOCK:
-            super().emit(record)
-
-
-def _setup_logging() -> None:
-    level_name = os.environ.get("LOGLEVEL", "WARNING").upper()
-    level = getattr(logging, level_name, logging.WARNING)
-    handler = _ConsoleHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[launcher] %(levelname)s: %(message)s"))
-    root = logging.getLogger("launcher")
-    root.handlers[:] = [handler]
-    root.setLevel(level if isinstance(level, int) else logging.WARNING)
-    root.propagate = False
-    if "LOGLEVEL" not in os.environ:
-        # Waiting for other nodes should never look like a hang: show the rendezvous' progress
-        # ("2 joined of min 3 ...; timeout in 540 s") by default.
-        logging.getLogger("launcher.rendezvous").setLevel(logging.INFO)
 
 
 def plugins_command(argv: Sequence[str]) -> int:
@@ -51,7 +28,7 @@ def plugins_command(argv: Sequence[str]) -> int:
 
     unknown = [arg for arg in argv if arg not in ("--json",)]
     if unknown:
-        raise UsageError(f"launcher plugins: unknown argument {unknown[0]!r}; usage: launcher plugins [--json]")
+        raise UsageError(f"launcher plugins: unknown argument {quote(unknown[0])}; usage: launcher plugins [--json]")
     manager = get_plugin_manager()
     rows: list[dict[str, Any]] = registration_rows(manager)
     if "--json" in argv:
@@ -110,6 +87,9 @@ def run(argv: Sequence[str]) -> int:
         return plugins_command(argv[1:])
     args = parse_args(argv)
     manager = get_plugin_manager()
+    from launcher.clusters.apply import apply_cluster
+
+    apply_cluster(args, manager)  # fills only the flags the command line left out
     command_line = config_from_args(args, manager)
 
     from launcher.agent.agent import Agent
@@ -135,11 +115,12 @@ def run(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point."""
-    _setup_logging()
+    setup_console_logging()
     try:
         code = run(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
-        sys.stderr.write(f"launcher: error: {exc}\n")
+        # one_line: a value with a line break or control character must not split the message.
+        sys.stderr.write(f"launcher: error: {one_line(str(exc))}\n")
         code = exc.exit_code
     except LaunchError as exc:
         sys.stderr.write(f"launcher: {exc}\n")

@@ -17,6 +17,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import UsageError
+from launcher.rendezvous.endpoint import check_host, format_endpoint
+from launcher.values import (
+    MAX_NODES,
+    MAX_NPROC,
+    MAX_RESTARTS,
+    parse_int,
+    parse_seconds,
+    quote,
+    read_float,
+    read_int,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import argparse
@@ -33,6 +44,8 @@ StdSpec = int | dict[int, int]
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+#: Longest --monitor-interval: one hour between membership checks is already too slow to be useful.
+MAX_MONITOR_INTERVAL = 3600.0
 
 
 @dataclass
@@ -78,6 +91,13 @@ class LaunchConfig:
     log_line_prefix_template: str | None = None
     #: Extra environment for every worker (the Python API's way to pass settings).
     worker_env: dict[str, str] = field(default_factory=dict)
+    #: ``--worker-tty``: pseudo-terminals for workers: ``auto`` (when the launcher's console is a
+    #: terminal), ``always`` or ``never`` (pipes, whole lines).
+    worker_tty: str = "auto"
+    #: Seconds without progress after which a rank is hung (``None``: no hang detection).
+    hang_timeout: float | None = None
+    #: What counts as progress: ``heartbeat`` (launcher.heartbeat() calls) or ``output`` (those or any line).
+    hang_watch: str = "heartbeat"
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -85,30 +105,37 @@ class LaunchConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Check the fields that need no plugin; raise :class:`UsageError` on the first problem."""
-        if not (isinstance(self.min_nodes, int) and isinstance(self.max_nodes, int)):
-            raise UsageError("min_nodes and max_nodes must be integers")
-        if not 0 < self.min_nodes <= self.max_nodes:
-            raise UsageError(
-                f"--nnodes {self.min_nodes}:{self.max_nodes} is invalid: need 0 < MIN <= MAX, e.g. 2 or 2:4"
-            )
-        if not isinstance(self.nproc_per_node, int) or self.nproc_per_node < 1:
-            raise UsageError(f"--nproc-per-node must be a positive integer, got {self.nproc_per_node!r}")
-        if self.max_restarts < 0:
-            raise UsageError(f"--max-restarts must be 0 or more, got {self.max_restarts}")
-        if not self.monitor_interval > 0:
-            raise UsageError(f"--monitor-interval must be a positive number of seconds, got {self.monitor_interval}")
+        """Check the fields that need no plugin; raise :class:`UsageError` on the first problem.
+
+        Numbers go through :mod:`launcher.values`, as the command line's do: ASCII, finite, in range.
+        """
+        self.min_nodes = parse_int(self.min_nodes, "LaunchConfig.min_nodes", 1, MAX_NODES)
+        self.max_nodes = parse_int(self.max_nodes, "LaunchConfig.max_nodes", self.min_nodes, MAX_NODES)
+        self.nproc_per_node = parse_int(self.nproc_per_node, "--nproc-per-node", 1, MAX_NPROC)
+        self.max_restarts = parse_int(self.max_restarts, "--max-restarts", 0, MAX_RESTARTS)
+        self.monitor_interval = parse_seconds(
+            self.monitor_interval, "--monitor-interval", MAX_MONITOR_INTERVAL, zero=False
+        )
         if self.start_method not in ("spawn", "fork", "forkserver"):
-            raise UsageError(f"--start-method must be spawn, fork or forkserver, got {self.start_method!r}")
-        if self.shutdown_timeout < 0:
-            raise UsageError(f"--shutdown-timeout must be 0 or more seconds, got {self.shutdown_timeout}")
-        if self.exit_barrier_timeout < 0:
-            raise UsageError(f"--exit-barrier-timeout must be 0 or more seconds, got {self.exit_barrier_timeout}")
+            raise UsageError(f"--start-method must be spawn, fork or forkserver, got {quote(self.start_method)}")
+        self.shutdown_timeout = parse_seconds(self.shutdown_timeout, "--shutdown-timeout")
+        self.exit_barrier_timeout = parse_seconds(self.exit_barrier_timeout, "--exit-barrier-timeout")
         if self.numa_fallback not in ("warn", "error"):
-            raise UsageError(f"--numa-fallback must be warn or error, got {self.numa_fallback!r}")
+            raise UsageError(f"--numa-fallback must be warn or error, got {quote(self.numa_fallback)}")
+        if not isinstance(self.role, str) or not self.role.strip() or not self.role.isprintable():
+            raise UsageError(f"--role must be a non-empty name without control characters, got {quote(self.role)}")
+        if self.worker_tty not in ("auto", "always", "never"):
+            raise UsageError(f"--worker-tty must be auto, always or never, got {quote(self.worker_tty)}")
         for spec, flag in ((self.redirects, "--redirects"), (self.tee, "--tee")):
             _check_std(spec, flag, self.nproc_per_node)
+        if self.local_ranks_filter is not None:
+            for rank in self.local_ranks_filter:
+                parse_int(rank, "--local-ranks-filter rank", 0, self.nproc_per_node - 1)
         signal_numbers(self.signals_to_handle)
+        from launcher.hangs.settings import parse_hang_timeout, parse_hang_watch
+
+        self.hang_timeout = parse_hang_timeout(self.hang_timeout)
+        self.hang_watch = parse_hang_watch(self.hang_watch)
 
     @property
     def signal_numbers(self) -> list[int]:
@@ -118,12 +145,11 @@ class LaunchConfig:
 def _check_std(spec: StdSpec, flag: str, nproc: int) -> None:
     values = spec.values() if isinstance(spec, dict) else [spec]
     for value in values:
-        if value not in (0, 1, 2, 3):
-            raise UsageError(f"{flag} values must be 0, 1, 2 or 3, got {value!r}")
+        if isinstance(value, bool) or value not in (0, 1, 2, 3):
+            raise UsageError(f"{flag} values must be 0, 1, 2 or 3, got {quote(value)}")
     if isinstance(spec, dict):
         for rank in spec:
-            if not 0 <= rank < nproc:
-                raise UsageError(f"{flag} names local rank {rank}, but ranks are 0..{nproc - 1}")
+            parse_int(rank, f"{flag} local rank", 0, nproc - 1)
 
 
 def signal_numbers(names: Sequence[str]) -> list[int]:
@@ -138,7 +164,7 @@ def signal_numbers(names: Sequence[str]) -> list[int]:
         number = getattr(signal, name, None)
         if not isinstance(number, signal.Signals) or name in ("SIGKILL", "SIGSTOP", "SIGCHLD"):
             raise UsageError(
-                f"--signals-to-handle: {raw.strip()!r} is not a signal the launcher can forward; "
+                f"--signals-to-handle: {quote(raw.strip())} is not a signal the launcher can forward; "
                 "use names like SIGTERM,SIGINT,SIGUSR1"
             )
         numbers.append(int(number))
@@ -159,27 +185,24 @@ def _which(program: str) -> str | None:
 # -- parsing of individual flag values ----------------------------------------------------------
 
 
-def parse_nnodes(value: str) -> tuple[int, int]:
-    """``N`` or ``MIN:MAX``."""
+def parse_nnodes(value: str, name: str = "--nnodes") -> tuple[int, int]:
+    """``N`` or ``MIN:MAX``, each an integer from 1 to :data:`~launcher.values.MAX_NODES`."""
     parts = value.strip().split(":")
-    try:
-        if len(parts) == 1:
-            low = high = int(parts[0])
-        elif len(parts) == 2:
-            low, high = int(parts[0]), int(parts[1])
-        else:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"--nnodes {value!r} is invalid: use N or MIN:MAX with integers, e.g. 2 or 1:4") from None
-    if not 0 < low <= high:
-        raise UsageError(f"--nnodes {value!r} is invalid: need 0 < MIN <= MAX, e.g. 2 or 1:4")
+    hint = f"{name} must be N or MIN:MAX with integers from 1 to {MAX_NODES}, e.g. 2 or 1:4; got {quote(value)}"
+    numbers = [read_int(part) for part in parts]
+    if len(parts) > 2 or any(n is None or not 1 <= n <= MAX_NODES for n in numbers):
+        raise UsageError(hint)
+    low, high = numbers[0], numbers[-1]
+    assert low is not None and high is not None
+    if low > high:
+        raise UsageError(f"{name} {quote(value)} is invalid: need MIN <= MAX, e.g. 2 or 1:4")
     return low, high
 
 
 def parse_std(value: str, flag: str) -> StdSpec:
     """torchrun's Std format: ``3`` for every rank, or ``0:1,1:2`` per local rank."""
     text = value.strip()
-    hint = f"{flag} {value!r} is invalid: use 0-3 for every rank, or LOCAL_RANK:0-3 pairs like 0:1,1:2"
+    hint = f"{flag} {quote(value)} is invalid: use 0-3 for every rank, or LOCAL_RANK:0-3 pairs like 0:1,1:2"
     if text == "":
         return STD_NONE
     if ":" not in text:
@@ -188,36 +211,50 @@ def parse_std(value: str, flag: str) -> StdSpec:
         return int(text)
     mapping: dict[int, int] = {}
     for item in text.split(","):
-        rank, sep, std = item.partition(":")
-        if not sep or not rank.strip().isdigit() or std.strip() not in ("0", "1", "2", "3"):
+        rank_text, sep, std = item.partition(":")
+        rank = read_int(rank_text)
+        if not sep or rank is None or std.strip() not in ("0", "1", "2", "3"):
             raise UsageError(hint)
-        mapping[int(rank)] = int(std)
+        if rank in mapping:
+            raise UsageError(f"{flag} {quote(value)} names local rank {rank} twice")
+        mapping[rank] = int(std)
     return mapping
 
 
 def parse_rdzv_conf(value: str) -> dict[str, str]:
-    """``key1=value1,key2=value2``."""
+    """``key1=value1,key2=value2``; an empty value is an error (it would silently mean the default)."""
     conf: dict[str, str] = {}
     for item in value.split(","):
         if not item.strip():
             continue
         key, sep, val = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"--rdzv-conf item {item!r} is invalid: use key=value pairs, e.g. join_timeout=900")
+            raise UsageError(
+                f"--rdzv-conf item {quote(item)} is invalid: use key=value pairs, e.g. join_timeout=900"
+            )
+        if not val.strip():
+            raise UsageError(
+                f"--rdzv-conf {quote(key.strip())} has no value: give key=value, or leave the key out for its default"
+            )
         conf[key.strip()] = val.strip()
     return conf
 
 
-def parse_ranks_filter(value: str) -> set[int] | None:
+def parse_ranks_filter(value: str, name: str = "--local-ranks-filter") -> set[int] | None:
+    """Comma list of local ranks (``0,2``); empty means every rank."""
     text = value.strip()
     if not text:
         return None
-    try:
-        return {int(item) for item in text.split(",") if item.strip()}
-    except ValueError:
-        raise UsageError(
-            f"--local-ranks-filter {value!r} is invalid: use a comma list of local ranks, e.g. 0,1,2"
-        ) from None
+    ranks = set()
+    for item in text.split(","):
+        rank = read_int(item)
+        if rank is None or not 0 <= rank < MAX_NPROC:
+            raise UsageError(
+                f"{name} {quote(value)} is invalid: use a comma list of local ranks from 0 to {MAX_NPROC - 1}, "
+                "e.g. 0,1,2"
+            )
+        ranks.add(rank)
+    return ranks
 
 
 def parse_filters(value: str | Sequence[str]) -> list[str]:
@@ -227,18 +264,6 @@ def parse_filters(value: str | Sequence[str]) -> list[str]:
     placeholder = "\x00"
     items = value.replace(",,", placeholder).split(",")
     return [item.replace(placeholder, ",") for item in items if item]
-
-
-def _number(value: Any, flag: str, kind: type = float) -> Any:
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        noun = "an integer" if kind is int else "a number"
-        raise UsageError(f"{flag} must be {noun}, got {value!r}") from None
-
-
-def _switch(value: Any) -> bool:
-    return bool(value)
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -256,54 +281,79 @@ class CommandLine:
     device_provider: DeviceProvider | None = None
 
 
-def resolve_nproc(value: str, manager: LauncherPluginManager) -> tuple[int, DeviceProvider | None]:
-    """An integer, or a device kind counted by its device-count provider."""
+def resolve_nproc(value: str, manager: LauncherPluginManager,
+                  name: str = "--nproc-per-node") -> tuple[int, DeviceProvider | None]:
+    """An integer from 1 to :data:`~launcher.values.MAX_NPROC`, or a device kind counted by its provider."""
     text = value.strip()
-    if text.lstrip("-").isdigit():  # the common case loads no device provider at all
-        count = int(text)
-        if count < 1:
-            raise UsageError(f"--nproc-per-node must be at least 1, got {count}")
-        return count, None
+    # Anything number-like ("1e3", "-2", "٣", "²", "") is read as a count, never as a device kind;
+    # a name with digits in it ("gaudi2") is still a device kind.
+    if not text or read_float(text) is not None or all(ch.isnumeric() or ch in "+-." for ch in text):
+        return parse_int(text, name, 1, MAX_NPROC), None  # the common case loads no provider
     from launcher.devices import resolve_nproc_per_node
 
-    return resolve_nproc_per_node(value, manager)
+    count, provider = resolve_nproc_per_node(value, manager)
+    if count > MAX_NPROC:
+        raise UsageError(f"{name} {quote(value)} counts {count} devices; at most {MAX_NPROC} workers per node")
+    return count, provider
+
+
+def _python_program(env: Mapping[str, str]) -> str:
+    """``PYTHON_EXEC`` when set (checked to name a program), else this interpreter."""
+    python = env.get("PYTHON_EXEC")
+    if python is None:
+        return sys.executable
+    found = _which(python) if os.sep not in python else (python if os.access(python, os.X_OK) else None)
+    if not python.strip() or found is None or os.path.isdir(found):
+        raise UsageError(f"PYTHON_EXEC={quote(python)} names no executable program; unset it to use {sys.executable}")
+    return python
+
+
+def _worker_command(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[str], tuple[str, list[str]] | None]:
+    """The worker's argv, or for ``--run-path`` the script and its arguments."""
+    script: str = args.training_script
+    script_args: list[str] = list(args.training_script_args)
+    if not script.strip():
+        kind = "module" if args.module else "program" if args.no_python else "script"
+        raise UsageError(f"the {kind} name is empty: give the {kind} each worker runs")
+    if args.no_python and args.module:
+        raise UsageError("--no-python and -m/--module cannot be used together: pick one")
+    if args.run_path:
+        path = os.path.abspath(script)
+        if not os.path.isfile(path):
+            raise UsageError(f"script {quote(script)} not found (--run-path needs a Python file)")
+        return [], (path, script_args)
+    if args.no_python:
+        if os.sep in script:
+            if not (os.path.isfile(script) and os.access(script, os.X_OK)):
+                raise UsageError(f"program {quote(script)} not found or not executable (--no-python runs it directly)")
+        elif _which(script) is None:
+            raise UsageError(f"program {quote(script)} not found on PATH (--no-python runs it directly)")
+        return [script, *script_args], None
+    if args.module:
+        if not all(part.isidentifier() for part in script.split(".")):
+            raise UsageError(f"-m {quote(script)} is not a module name: use dotted names like package.module")
+        return [_python_program(env), "-u", "-m", script, *script_args], None
+    if not os.path.isfile(script):
+        hint = " (use -m to run a module, or --no-python for a program)" if not script.endswith(".py") else ""
+        raise UsageError(f"script {quote(script)} not found{hint}")
+    return [_python_program(env), "-u", script, *script_args], None
 
 
 def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
                      environ: Mapping[str, str] | None = None) -> CommandLine:
-    """Validate parsed flags and build the launch; raises :class:`UsageError`."""
+    """Validate parsed flags and build the launch; raises :class:`UsageError`.
+
+    Messages name where a value came from: the flag, or its ``PET_*`` variable.
+    """
+    from launcher.options import source_name
+
+    def name(dest: str) -> str:
+        return source_name(args, dest)
+
     env = os.environ if environ is None else environ
-    min_nodes, max_nodes = parse_nnodes(args.nnodes)
-
-    if args.no_python and args.module:
-        raise UsageError("--no-python and -m/--module cannot be used together: pick one")
-
-    script: str = args.training_script
-    script_args: list[str] = list(args.training_script_args)
-    python = env.get("PYTHON_EXEC", sys.executable)
-    run_path = None
-    if args.run_path:
-        path = os.path.abspath(script)
-        if not os.path.isfile(path):
-            raise UsageError(f"script {script!r} not found (--run-path needs a Python file)")
-        command: list[str] = []
-        run_path = (path, script_args)
-    elif args.no_python:
-        if os.sep in script:
-            if not (os.path.isfile(script) and os.access(script, os.X_OK)):
-                raise UsageError(f"program {script!r} not found or not executable (--no-python runs it directly)")
-        elif _which(script) is None:
-            raise UsageError(f"program {script!r} not found on PATH (--no-python runs it directly)")
-        command = [script, *script_args]
-    elif args.module:
-        command = [python, "-u", "-m", script, *script_args]
-    else:
-        if not os.path.isfile(script):
-            hint = " (use -m to run a module, or --no-python for a program)" if not script.endswith(".py") else ""
-            raise UsageError(f"script {script!r} not found{hint}")
-        command = [python, "-u", script, *script_args]
-
-    nproc, provider = resolve_nproc(args.nproc_per_node, manager)
+    min_nodes, max_nodes = parse_nnodes(args.nnodes, name("nnodes"))
+    command, run_path = _worker_command(args, env)
+    nproc, provider = resolve_nproc(args.nproc_per_node, manager, name("nproc_per_node"))
 
     rdzv_conf = parse_rdzv_conf(args.rdzv_conf)
     if args.standalone:
@@ -311,26 +361,24 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
     else:
         backend, endpoint, run_id = args.rdzv_backend.strip().lower(), args.rdzv_endpoint, args.rdzv_id
     if backend == "static":
-        node_rank = _number(args.node_rank, "--node-rank", int)
-        if not 0 <= node_rank < max_nodes:
-            raise UsageError(
-                f"--node-rank {node_rank} is out of range: with --nnodes {args.nnodes} use 0..{max_nodes - 1}"
-            )
         if min_nodes != max_nodes:
             raise UsageError(f"--nnodes {args.nnodes}: the static backend needs a fixed size; use c10d for MIN:MAX")
+        node_rank = parse_int(args.node_rank, name("node_rank"), 0, max_nodes - 1)
         rdzv_conf["rank"] = str(node_rank)
-        if not endpoint:
-            port = DEFAULT_MASTER_PORT if args.master_port is None else _number(args.master_port, "--master-port", int)
-            if not 0 <= port <= 65535:
-                raise UsageError(f"--master-port {port} is out of range 0..65535")
-            host = args.master_addr.strip()
-            if ":" in host and not host.startswith("["):
-                host = f"[{host}]"
-            endpoint = f"{host}:{port}"
+        if not endpoint.strip():
+            port = DEFAULT_MASTER_PORT
+            if args.master_port is not None:
+                port = parse_int(args.master_port, name("master_port"), 0, 65535)
+            host = check_host(args.master_addr.strip(), name("master_addr"))
+            endpoint = format_endpoint(host, port)
+    if args.local_addr is not None:
+        check_host(args.local_addr.strip(), name("local_addr"))
 
     shutdown_timeout = args.shutdown_timeout
+    shutdown_name = name("shutdown_timeout")
     if shutdown_timeout is None:
         shutdown_timeout = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT)
+        shutdown_name = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
     config = LaunchConfig(
         min_nodes=min_nodes,
@@ -341,29 +389,69 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         rdzv_endpoint=endpoint,
         rdzv_backend=backend,
         rdzv_configs=dict(rdzv_conf),
-        max_restarts=_number(args.max_restarts, "--max-restarts", int),
-        monitor_interval=_number(args.monitor_interval, "--monitor-interval"),
+        max_restarts=parse_int(args.max_restarts, name("max_restarts"), 0, MAX_RESTARTS),
+        monitor_interval=parse_seconds(
+            args.monitor_interval, name("monitor_interval"), MAX_MONITOR_INTERVAL, zero=False
+        ),
         start_method=args.start_method,
         log_dir=args.log_dir or None,
-        redirects=parse_std(args.redirects, "--redirects"),
-        tee=parse_std(args.tee, "--tee"),
-        local_ranks_filter=parse_ranks_filter(args.local_ranks_filter),
+        redirects=_std_for(parse_std(args.redirects, name("redirects")), name("redirects"), nproc),
+        tee=_std_for(parse_std(args.tee, name("tee")), name("tee"), nproc),
+        local_ranks_filter=parse_ranks_filter(args.local_ranks_filter, name("local_ranks_filter")),
         duplicate_stdout_filters=parse_filters(args.duplicate_stdout_filters),
         duplicate_stderr_filters=parse_filters(args.duplicate_stderr_filters),
         logs_specs=args.logs_specs,
         event_log_handlers=[n.strip() for n in args.event_log_handler.split(",") if n.strip()] or ["null"],
         local_addr=args.local_addr,
         signals_to_handle=[s for s in args.signals_to_handle.split(",") if s.strip()],
-        shutdown_timeout=_number(shutdown_timeout, "--shutdown-timeout"),
-        exit_barrier_timeout=_number(args.exit_barrier_timeout, "--exit-barrier-timeout"),
-        virtual_local_rank=_switch(args.virtual_local_rank),
+        shutdown_timeout=parse_seconds(shutdown_timeout, shutdown_name),
+        exit_barrier_timeout=parse_seconds(args.exit_barrier_timeout, name("exit_barrier_timeout")),
+        virtual_local_rank=bool(args.virtual_local_rank),
         device_kind=provider.name if provider is not None else None,
         numa_binding=args.numa_binding,
         numa_fallback=args.numa_fallback,
         log_line_prefix_template=env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        worker_tty=args.worker_tty.strip().lower(),
+        hang_timeout=args.hang_timeout,
+        hang_watch=args.hang_watch,
     )
-    validate_plugins(config, manager)
+    preflight(config, manager)
     return CommandLine(config=config, command=command, run_path=run_path, device_provider=provider)
+
+
+def _std_for(spec: StdSpec, flag: str, nproc: int) -> StdSpec:
+    """``spec`` after checking its local ranks against this node's worker count."""
+    _check_std(spec, flag, nproc)
+    return spec
+
+
+def preflight(config: LaunchConfig, manager: LauncherPluginManager) -> None:
+    """Every check that needs plugins or the machine, before anything starts (CLI and Python API)."""
+    validate_plugins(config, manager)
+    if config.log_dir:
+        check_log_dir(config.log_dir)
+    from launcher.limits import check_worker_limits
+
+    check_worker_limits(config.nproc_per_node)
+
+
+def check_log_dir(path: str) -> None:
+    """``path`` exists as a writable directory afterwards (created if missing), or a one-line error.
+
+    Creating it is what the logs would do a moment later; doing it now turns a traceback in the
+    middle of the start into a usage error before it.
+    """
+    if path == os.devnull:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--log-dir {quote(path)} is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"--log-dir {quote(path)} cannot be created or written: {reason}") from None
 
 
 def validate_plugins(config: LaunchConfig, manager: LauncherPluginManager) -> None:

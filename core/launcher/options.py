@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from launcher.errors import UsageError
+from launcher.values import one_line, quote
+
+#: What ``launcher`` with no script prints (one line, exit status 2).
+USAGE_LINE = "no script given; usage: launcher [options] SCRIPT [ARGS...] ('launcher --help' lists the options)"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -20,6 +24,26 @@ _FALSE = ("", "0", "false", "no", "off")
 
 def _env_name(dest: str) -> str:
     return f"PET_{dest.upper()}"
+
+
+def _mark_given(namespace: argparse.Namespace, dest: str) -> None:
+    """Record that ``dest`` was on the command line (``--cluster`` fills only the others)."""
+    _given_on_command_line(namespace).add(dest)
+
+
+def _given_on_command_line(namespace: argparse.Namespace) -> set[str]:
+    given: set[str] | None = getattr(namespace, "given_flags", None)
+    if given is None:
+        given = set()
+        namespace.given_flags = given
+    return given
+
+
+def source_name(args: argparse.Namespace, dest: str) -> str:
+    """How the user gave ``dest``, for messages: ``--flag``, or ``PET_FLAG`` when it came from there."""
+    if dest not in _given_on_command_line(args) and _env_name(dest) in os.environ:
+        return _env_name(dest)
+    return "--" + dest.replace("_", "-")
 
 
 class _EnvDefault(argparse.Action):
@@ -34,6 +58,7 @@ class _EnvDefault(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         setattr(namespace, self.dest, values)
+        _mark_given(namespace, self.dest)
 
 
 class _EnvSwitch(argparse.Action):
@@ -52,20 +77,23 @@ class _EnvSwitch(argparse.Action):
                 default = False
             else:
                 raise UsageError(
-                    f"{_env_name(dest)}={env_value!r} is not a switch value: use 1 or 0 (empty means off)"
+                    f"{_env_name(dest)}={quote(env_value)} is not a switch value: use 1 or 0 (empty means off)"
                 )
         super().__init__(dest=dest, default=default, nargs=0, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         setattr(namespace, self.dest, True)
+        _mark_given(namespace, self.dest)
 
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line and raise instead of exiting."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        if "required: training_script" in message:
+            message = USAGE_LINE
+        raise UsageError(one_line(message))
 
 
 def _flag(*names: str) -> list[str]:
@@ -158,6 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seconds a finished node waits for the others before exiting (default 300).")
     add(*_flag("--numa-fallback"), action=_EnvDefault, default="warn", choices=("warn", "error"),
         help="When a NUMA strategy cannot apply: warn and run unbound, or fail (default warn).")
+    add(*_flag("--worker-tty"), action=_EnvDefault, default="auto",
+        help="Give workers pseudo-terminals (progress bars, colours): auto when the launcher's own "
+        "output is a terminal, always, or never (pipes, as before; default auto).")
+    add(*_flag("--hang-timeout"), action=_EnvDefault, default=None,
+        help="Seconds a rank may go without a launcher.heartbeat() before it is hung: every rank's stack "
+        "is printed and the group restarts like a failed one (default: off).")
+    add(*_flag("--hang-watch"), action=_EnvDefault, default="heartbeat",
+        help="What counts as progress for --hang-timeout: heartbeat (default), or output (any output line too).")
+    add("--cluster", action=_EnvDefault, default="auto",
+        help="Fill missing flags from a scheduler's environment: auto (default), none (torchrun's "
+        "behaviour), or a cluster environment's name (slurm, openmpi, mpich, pmix, lsf, kubeflow).")
     add("training_script", help="The script (or, with --no-python, the program) each worker runs.")
     add("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
     return parser

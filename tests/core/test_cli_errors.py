@@ -73,12 +73,27 @@ def test_missing_program_with_no_python():
     assert "not found on PATH" in result.stderr
 
 
-def test_unknown_backend_lists_choices_and_hints_install(marker_script):
+def test_unknown_backend_lists_choices_and_makes_up_no_package(marker_script):
     script, _ = marker_script
     result = run_launcher(["--rdzv-backend", "redis", script])
     assert result.returncode == 2
     assert "choose one of" in result.stderr and "c10d" in result.stderr and "static" in result.stderr
-    assert "pip install launcher-redis" in result.stderr
+    assert "pip install" not in result.stderr
+
+
+def test_known_plugin_name_names_its_distribution(marker_script):
+    script, marker = marker_script
+    result = run_launcher(["--rdzv-backend", "etcd-v2", script], env={"LAUNCHER_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert result.returncode == 2, result.stderr
+    assert "pip install launcher-etcd" in result.stderr and "./plugins/launcher-etcd" in result.stderr
+    assert not marker.exists()
+
+
+def test_no_arguments_prints_the_usage_line():
+    result = run_launcher([])
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "usage: launcher [options] SCRIPT" in result.stderr
 
 
 def test_bad_pet_switch_value(marker_script):
@@ -110,3 +125,46 @@ def test_static_port_in_use_is_a_clear_error(marker_script):
     assert "Traceback" not in result.stderr
     assert not marker.exists()
     assert os.path.exists(script)
+
+
+def test_too_few_file_descriptors_is_one_line_before_anything_starts(marker_script):
+    import subprocess
+    import sys
+
+    from tests.conftest import launcher_env
+
+    script, marker = marker_script
+    result = subprocess.run(
+        ["sh", "-c", 'ulimit -n 100 && exec "$@"', "sh", sys.executable, "-m", "launcher", "--nproc-per-node", "64",
+         script],
+        env=launcher_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "launcher: error: --nproc-per-node 64 needs at least 208 open files in the launcher, but the limit "
+        "(ulimit -n) is 100: raise it, or start fewer workers"
+    ]
+    assert not marker.exists()
+
+
+def test_emfile_while_starting_workers_is_one_line_and_leaves_none(tmp_path):
+    """Past the up-front minimum, log files use more descriptors: EMFILE at spawn ends in one line."""
+    import subprocess
+    import sys
+
+    from tests.conftest import launcher_env
+
+    command = [sys.executable, "-m", "launcher", "--standalone", "--nproc-per-node", "50", "--tee", "3",
+               "--log-dir", str(tmp_path / "logs"), "--duplicate-stdout-filters", "x",
+               "--duplicate-stderr-filters", "y", "--no-python", "sleep", "30"]  # fmt: skip
+    result = subprocess.run(["sh", "-c", 'ulimit -n 200 && exec "$@"', "sh", *command],
+                            env=launcher_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "worker logs kept" not in line]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].endswith(
+        "cannot start 50 workers: too many open files in the launcher (ulimit -n) [EMFILE]; "
+        "raise the limit, or start fewer workers"
+    )

@@ -110,7 +110,19 @@ def test_unknown_name_lists_choices_and_hint(plugin_manager):
     with pytest.raises(PluginNotFoundError) as info:
         plugin_manager.get("rendezvous backend", "zookeeper")
     assert "c10d, static" in str(info.value) or "c10d" in str(info.value)
-    assert "pip install launcher-zookeeper" in str(info.value)
+    assert "pip install" not in str(info.value)  # no made-up distribution name
+
+
+def test_unknown_name_suggests_the_closest_and_names_known_distributions():
+    # Without entry points: the names must be unknown even where launcher-etcd is installed.
+    plugin_manager = get_plugin_manager(autoload=False, environ={})
+    with pytest.raises(PluginNotFoundError, match="did you mean static\\? choose one of c10d, static"):
+        plugin_manager.get("rendezvous backend", "statc")
+    with pytest.raises(PluginNotFoundError, match="launcher-etcd distribution: pip install launcher-etcd") as info:
+        plugin_manager.get("rendezvous backend", "etcd-v2")
+    assert "./plugins/launcher-etcd" in str(info.value)
+    with pytest.raises(PluginNotFoundError, match="pip install launcher-webhook"):
+        plugin_manager.get("event handler", "webhook")
 
 
 def test_disable_autoload_keeps_builtins_only(site):

@@ -53,8 +53,10 @@ def test_environment_matches_torchrun(tmp_path, write_script):
             if key not in RUN_SPECIFIC:
                 assert mine[key] == theirs[key], (key, mine[key], theirs[key])
         # And nothing torchrun does not set, beyond what the launcher inherited.
-        extra = {k for k in mine if k not in theirs}
+        # (but the job's token, by which every process of the job is found at its end).
+        extra = {k for k in mine if k not in theirs} - {"LAUNCHER_JOB_TOKEN"}
         assert not extra, extra
+        assert len(mine["LAUNCHER_JOB_TOKEN"]) == 32
         assert mine["MARKER_VAR"] == "kept"
         assert mine["TORCHELASTIC_USE_AGENT_STORE"] == "True"
         assert mine["TORCHELASTIC_ERROR_FILE"].endswith(f"/{rank}/error.json")

@@ -50,6 +50,7 @@ def test_every_type_has_a_constant() -> None:
             "rendezvous_started",
             "rendezvous_completed",
             "workers_started",
+            "hang_detected",
             "worker_failed",
             "group_restarted",
             "membership_changed",

@@ -101,7 +101,7 @@ def test_jsonl_needs_its_setting(plugin_manager: LauncherPluginManager, tmp_path
 def test_unknown_name_lists_the_choices(plugin_manager: LauncherPluginManager) -> None:
     with pytest.raises(PluginNotFoundError, match="console.*jsonl.*null") as info:
         create_event_bus(["console", "kafka"], plugin_manager, _context())
-    assert "pip install launcher-kafka" in str(info.value)
+    assert "pip install" not in str(info.value)  # no made-up distribution name
 
 
 def test_sink_that_cannot_start_closes_the_others(

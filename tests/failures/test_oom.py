@@ -13,6 +13,8 @@ import pytest
 from launcher.failures import FailureReport, OomWatch, WorkerFailure
 from launcher.failures.oom import CgroupCounter, find_cgroup_counters
 
+from ..conftest import unwrapped
+
 V2_EVENTS = "low 0\nhigh 0\nmax 3\noom {n}\noom_kill {n}\noom_group_kill 0\n"
 V1_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"
 
@@ -139,7 +141,7 @@ def test_real_oom_kill_is_detected(tmp_path: Path) -> None:
             pytest.skip(f"the memory limit did not lead to an OOM kill here (exit {hog.returncode})")
         assert watch.killed_by_oom(hog.pid)
         failure = WorkerFailure("node", 0, 0, "trainer", hog.pid, None, signal.SIGKILL, 0.0, None, [])
-        text = FailureReport.from_failures([failure], oom_watch=watch).render()
+        text = unwrapped(FailureReport.from_failures([failure], oom_watch=watch).render())
         assert "signal SIGKILL (9), likely out of memory" in text
         watch.close()
     finally:

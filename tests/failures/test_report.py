@@ -11,6 +11,7 @@ import pytest
 from launcher.failures import FailureReport, WorkerFailure
 from launcher.failures.report import REPORT_SCHEMA, ErrorFileContent, failure_time
 
+from ..conftest import unwrapped
 from .conftest import WAITING_WORKER, RunWorker
 
 RAISING = """
@@ -45,7 +46,7 @@ class FakeOomWatch:
 def test_root_cause_with_traceback(run_worker: RunWorker, module: str) -> None:
     worker = run_worker(RAISING.format(module=module))
     report = FailureReport.from_failures([worker.failure(rank=5, local_rank=1, node="gpu-node-7")])
-    text = report.render()
+    text = unwrapped(report.render())
     for expected in (
         "gpu-node-7",
         "rank       : 5 (local rank 1, role trainer)",
@@ -72,7 +73,7 @@ def test_no_error_file_shows_stderr_tail(run_worker: RunWorker) -> None:
         sys.exit(3)
         """
     )
-    text = FailureReport.from_failures([worker.failure()]).render()
+    text = unwrapped(FailureReport.from_failures([worker.failure()]).render())
     assert "exit code 3" in text
     assert "CUDA error: an illegal memory access was encountered" in text
     assert "log line 29" in text and "log line 0\n" not in text  # only the tail
@@ -84,13 +85,14 @@ def test_sigkill_named_and_marked_oom_when_the_kernel_says_so(run_worker: RunWor
     worker = run_worker(WAITING_WORKER, send=signal.SIGKILL)
     assert worker.returncode == -signal.SIGKILL
     plain = FailureReport.from_failures([worker.failure()], oom_watch=FakeOomWatch({}))
-    assert "signal SIGKILL (9)" in plain.render()
-    assert "likely out of memory" not in plain.render()
-    assert "some progress" in plain.render()  # stderr tail
+    plain_text = unwrapped(plain.render())
+    assert "signal SIGKILL (9)" in plain_text
+    assert "likely out of memory" not in plain_text
+    assert "some progress" in plain_text  # stderr tail
 
     watch = FakeOomWatch({worker.pid: "kernel log: Out of memory: Killed process"})
     report = FailureReport.from_failures([worker.failure()], oom_watch=watch)
-    text = report.render()
+    text = unwrapped(report.render())
     assert "signal SIGKILL (9), likely out of memory" in text
     assert "out-of-memory killer" in text
     assert "Killed process" in text  # the evidence
@@ -100,7 +102,7 @@ def test_sigkill_named_and_marked_oom_when_the_kernel_says_so(run_worker: RunWor
 def test_sighup_is_explained(run_worker: RunWorker) -> None:
     worker = run_worker(WAITING_WORKER, send=signal.SIGHUP)
     assert worker.returncode == -signal.SIGHUP
-    text = FailureReport.from_failures([worker.failure()]).render()
+    text = unwrapped(FailureReport.from_failures([worker.failure()]).render())
     assert "signal SIGHUP (1)" in text
     assert "hang-up" in text and "setsid" in text and "nohup" in text
 
@@ -120,7 +122,7 @@ def test_sigsegv_with_faulthandler_stack(run_worker: RunWorker) -> None:
     )
     assert worker.returncode == -signal.SIGSEGV
     report = FailureReport.from_failures([worker.failure()])
-    text = report.render()
+    text = unwrapped(report.render())
     assert "signal SIGSEGV (11)" in text
     assert "segmentation fault" in text
     assert "Fatal Python error: Segmentation fault" in text  # faulthandler, enabled by record
@@ -176,7 +178,7 @@ def test_unreadable_error_file_falls_back_to_stderr(tmp_path: Path) -> None:
     failure = WorkerFailure(
         "n", 0, 0, "r", 10, 1, None, time.time(), str(bad), ["Traceback ...", "OSError: disk"]
     )
-    text = FailureReport.from_failures([failure]).render()
+    text = unwrapped(FailureReport.from_failures([failure]).render())
     assert "is empty" in text and "OSError: disk" in text
 
 
@@ -195,7 +197,7 @@ def test_signal_from_negative_exitcode_and_shell_status() -> None:
     watch = FakeOomWatch({2: "cgroup"})
     report = FailureReport.from_failures([via_subprocess, shell], oom_watch=watch)
     assert watch.asked == [1, 2]  # both are SIGKILL deaths
-    assert "128+SIGKILL" in report.render()
+    assert "128+SIGKILL" in unwrapped(report.render())
     assert report.others[0].likely_oom
 
 
@@ -209,3 +211,26 @@ def test_failure_time_prefers_the_error_file() -> None:
 def test_empty_report_is_an_error() -> None:
     with pytest.raises(ValueError):
         FailureReport.from_failures([])
+
+
+def test_multinode_report_names_the_node_and_lists_its_ranks() -> None:
+    from launcher.failures.report import RankState
+
+    now = time.time()
+    remote = WorkerFailure("box", 3, 1, "r", 42, 7, None, now, None, ["boom"], group_rank=1, node_addr="10.0.0.2")
+    report = FailureReport.from_failures([remote], title="the job failed on " + remote.node_label)
+    report.node_ranks = [
+        RankState(0, 0, 40, "killed by the agent", -15),
+        RankState(1, 1, 41, "failed", 1),
+    ]
+    report.this_node = "box (node 0, 10.0.0.1)"
+    report.notes = ["the rendezvous store on 10.0.0.1:29400 (node 0) is gone: Connection refused"]
+    text = report.render()
+    assert "launcher: the job failed on box (node 1, 10.0.0.2)" in text
+    assert "node       : box (node 1, 10.0.0.2)" in text
+    assert "  the rendezvous store on 10.0.0.1:29400 (node 0) is gone: Connection refused" in text
+    assert "Ranks on this node (box (node 0, 10.0.0.1)):" in text
+    rows = [line.split(None, 3) for line in text.splitlines() if line.startswith("  0 ") or line.startswith("  1 ")]
+    assert [row[3] for row in rows] == ["killed by the agent  signal SIGTERM", "failed               exit code 1"]
+    again = FailureReport.from_dict(report.to_dict())
+    assert again.render() == text

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from launcher.testing import (
+    ClusterEnvironmentConformance,
     DeviceProviderConformance,
     EventHandlerConformance,
     LogsSpecsConformance,
@@ -72,3 +73,46 @@ class TestAutoDevices(DeviceProviderConformance):
 
 class TestPrivateuse1Devices(DeviceProviderConformance):
     device_provider_name = "privateuse1"
+
+
+# The built-in cluster environments on environments captured from real schedulers
+# (tests/clusters/data) and, for LSF and Kubeflow, their documented variables.
+from tests.clusters.samples import dump, kubeflow_job, lsf_job  # noqa: E402
+
+
+class TestOpenMpiCluster(ClusterEnvironmentConformance):
+    cluster_environment_name = "openmpi"
+    jobs = [dump("openmpi-two-nodes"), dump("openmpi-in-salloc-two-per-node")]
+    foreign_environments = [dump("slurm-batch-srun")[0], dump("mpich-two-nodes")[0], kubeflow_job()[0]]
+
+
+class TestMpichCluster(ClusterEnvironmentConformance):
+    cluster_environment_name = "mpich"
+    jobs = [dump("mpich-two-nodes"), dump("slurm-srun-pmi2")]
+    foreign_environments = [dump("slurm-batch-srun")[0], dump("openmpi-two-nodes")[0], lsf_job()[0]]
+
+
+class TestPmixCluster(ClusterEnvironmentConformance):
+    cluster_environment_name = "pmix"
+    jobs = [[{**env, "PMIX_RANK": env["SLURM_PROCID"], "PMIX_NAMESPACE": "slurm.pmix.9.0"}
+             for env in dump("slurm-srun-one-task-per-node")]]
+    foreign_environments = [dump("openmpi-two-nodes")[0], dump("slurm-batch-srun")[0]]
+
+
+class TestSlurmCluster(ClusterEnvironmentConformance):
+    cluster_environment_name = "slurm"
+    jobs = [dump("slurm-batch-srun"), dump("slurm-srun-one-task-per-node"), dump("slurm-srun-two-tasks-per-node"),
+            dump("slurm-salloc"), dump("slurm-batch-direct")]
+    foreign_environments = [dump("openmpi-two-nodes")[0], dump("mpich-two-nodes")[0], lsf_job()[0], kubeflow_job()[0]]
+
+
+class TestLsfCluster(ClusterEnvironmentConformance):
+    cluster_environment_name = "lsf"
+    jobs = [lsf_job()]
+    foreign_environments = [dump("slurm-batch-srun")[0], kubeflow_job()[0]]
+
+
+class TestKubeflowCluster(ClusterEnvironmentConformance):
+    cluster_environment_name = "kubeflow"
+    jobs = [kubeflow_job(2), kubeflow_job(4)]
+    foreign_environments = [dump("slurm-batch-srun")[0], dump("openmpi-two-nodes")[0], lsf_job()[0]]

@@ -75,7 +75,8 @@ def test_every_example_file_is_in_the_distribution(source_tree: Path) -> None:
     files = sorted(str(p.relative_to(source_tree)) for p in source_tree.rglob("*") if p.is_file())
     assert files == sorted(
         ["pyproject.toml", "acme_launcher/__init__.py", "acme_launcher/rendezvous.py", "acme_launcher/logs.py",
-         "acme_launcher/events.py", "acme_launcher/numa.py", "acme_launcher/devices.py", "tests/test_acme.py"]
+         "acme_launcher/events.py", "acme_launcher/numa.py", "acme_launcher/devices.py", "acme_launcher/cluster.py",
+         "tests/test_acme.py"]
     )
 
 
@@ -89,6 +90,7 @@ def test_installed_plugins_are_listed(site: str) -> None:
         ("event handler", "acme-audit"),
         ("numa strategy", "acme-split"),
         ("device provider", "acme"),
+        ("cluster environment", "acme-grid"),
     }
 
 
@@ -277,3 +279,39 @@ def test_the_examples_conformance_tests_pass(site: str, source_tree: Path) -> No
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     summary = result.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary, summary
+
+
+def _grid_job_with_a_free_port() -> str:
+    """A grid job id whose derived port (15000 + id mod 15000) is free on loopback now."""
+    import random
+    import socket
+
+    for _ in range(50):
+        job = str(random.randrange(1, 15000))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", 15000 + int(job)))
+            except OSError:
+                continue
+        return job
+    pytest.skip("no free port in 15000..29999")
+
+
+def test_cluster_environment_example(site: str, reporter: tuple[str, Path]) -> None:
+    script, out = reporter
+    job = _grid_job_with_a_free_port()
+    nodes = [
+        subprocess.Popen(
+            [*LAUNCHER, "--nproc-per-node", "1", script, str(out)],
+            env=launcher_env({"PYTHONPATH": site, "GRID_JOB": job, "GRID_NODES": "2",
+                              "GRID_NODE_INDEX": str(index), "GRID_HEAD": "127.0.0.1"}),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for index in range(2)
+    ]
+    results = [node.communicate(timeout=120) for node in nodes]
+    for node, (_, err) in zip(nodes, results, strict=True):
+        assert node.returncode == 0, err
+    reports = _reports(out)
+    assert sorted(reports) == [0, 1] and {r["GROUP_RANK"] for r in reports.values()} == {"0", "1"}
+    assert f"Acme grid job {job}: node 1 of 2, static rendezvous at 127.0.0.1:{15000 + int(job)}" in results[1][1]

@@ -47,7 +47,8 @@ def make_network() -> Iterator[Callable[..., Network]]:
 
 @pytest.fixture
 def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
-    """``start_agent(host, args, name=None, env=None)``: ``launcher ARGS`` inside ``host``.
+    """``start_agent(host, args, name=None, env=None, program=("-m", "launcher"))``: ``launcher ARGS``
+    inside ``host`` (``python PROGRAM ARGS``).
 
     Output goes to ``tmp_path/<name>.stdout|stderr``. Agents still running at the end are killed
     (and their networks' destroy kills whatever they left inside the namespace).
@@ -57,8 +58,9 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     log_dir.mkdir()
 
     def _start(host: Host, args: Sequence[str], name: str | None = None,
-               env: dict[str, str] | None = None) -> AgentProcess:
-        agent = AgentProcess(host, name or f"{host.name}-{len(agents)}", args, log_dir, agent_env(host, env))
+               env: dict[str, str] | None = None, program: Sequence[str] = ("-m", "launcher")) -> AgentProcess:
+        agent = AgentProcess(host, name or f"{host.name}-{len(agents)}", args, log_dir, agent_env(host, env),
+                             program)
         agents.append(agent)
         return agent
 

@@ -20,6 +20,9 @@ from tests.multinode.netns import Host
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ALLREDUCE = str(SCRIPTS / "allreduce_worker.py")
 ELASTIC = str(SCRIPTS / "elastic_worker.py")
+FAILING = str(SCRIPTS / "failing_worker.py")
+#: Runs the launcher and notes whether the agent process loaded torch (see the script).
+AGENT_MODULES = str(SCRIPTS / "agent_modules.py")
 #: The repository root, so that ``tests.*`` and the editable ``launcher`` import the same way everywhere.
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -27,7 +30,8 @@ ROOT = str(Path(__file__).resolve().parents[2])
 class AgentProcess:
     """One ``python -m launcher`` running inside a namespace host; output goes to two files."""
 
-    def __init__(self, host: Host, name: str, args: Sequence[str], log_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, host: Host, name: str, args: Sequence[str], log_dir: Path, env: dict[str, str],
+                 program: Sequence[str] = ("-m", "launcher")) -> None:
         self.host = host
         self.name = name
         self.args = list(args)
@@ -37,7 +41,7 @@ class AgentProcess:
         self.ended: float | None = None
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.process = host.popen(
-                [sys.executable, "-m", "launcher", *self.args], env=env, stdout=out, stderr=err, cwd=ROOT
+                [sys.executable, *program, *self.args], env=env, stdout=out, stderr=err, cwd=ROOT
             )
 
     @property

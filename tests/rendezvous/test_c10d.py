@@ -1,8 +1,14 @@
-"""The c10d backend: endpoint parsing, is_host detection, serving and reaching torch's TCPStore."""
+"""The c10d backend: endpoint parsing, is_host detection, serving and reaching launcher's TCPStore,
+leaving without writing to a closed store, and never importing torch (but for store_type=file)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,3 +201,64 @@ def test_file_store(tmp_path: Path, handlers: list[DynamicRendezvousHandler]) ->
     # A FileStore cannot serve workers: group rank 0's agent serves their store.
     assert infos[0].use_agent_store  # rank 0's agent serves the workers' store
     assert len({(i.master_addr, i.master_port) for i in infos}) == 1
+
+
+# -- no torch, and a clean exit ----------------------------------------------------------------------
+
+_NO_TORCH = """
+import json, socket, sys
+from launcher.rendezvous.api import RendezvousParameters
+from launcher.rendezvous.c10d import create_handler
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+params = RendezvousParameters("c10d", f"127.0.0.1:{port}", "no-torch", 1, 1, "127.0.0.1", {"is_host": "1"})
+handler = create_handler(params)
+info = handler.next_rendezvous()
+handler.set_closed(); handler.shutdown()
+print(json.dumps({"torch": "torch" in sys.modules, "world": info.group_world_size}))
+"""
+
+
+def test_c10d_agent_side_never_imports_torch() -> None:
+    out = subprocess.run([sys.executable, "-c", _NO_TORCH], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"torch": False, "world": 1}
+
+
+def test_host_serves_until_every_participant_left(
+    handlers: list[DynamicRendezvousHandler], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store's host keeps serving in shutdown() until the other node has left; the other
+    node's last write (leaving) meets a live store: no warning on either side."""
+    port = _free_port()
+    host = create_handler(_params(f"127.0.0.1:{port}", is_host="1", close_timeout="60"))
+    client = create_handler(_params(f"127.0.0.1:{port}", is_host="0"))
+    handlers += [client, host]
+    rendezvous_all([host, client])
+    host.set_closed()
+    caplog.set_level(logging.INFO, logger="launcher.rendezvous")
+    done = threading.Event()
+    waiting = threading.Thread(target=lambda: (host.shutdown(), done.set()), daemon=True)
+    waiting.start()
+    # However long we look, the host does not stop serving while the client has not left.
+    assert not done.wait(1.0)
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    assert client.shutdown()
+    assert done.wait(30), "the host did not stop serving once every node had left"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_store_problem_names_a_store_that_is_gone(handlers: list[DynamicRendezvousHandler]) -> None:
+    port = _free_port()
+    host = create_handler(_params(f"127.0.0.1:{port}", is_host="1", close_timeout="1"))
+    client = create_handler(_params(f"127.0.0.1:{port}", is_host="0"))
+    handlers.append(client)
+    rendezvous_all([host, client])
+    assert client.store_problem() is None
+    assert client.store_location() == f"the rendezvous store on 127.0.0.1:{port} (node 0)"
+    host.set_closed()
+    host.shutdown()  # gives up waiting after close_timeout: the client never leaves
+    assert "refused" in (client.store_problem() or "").lower()
+    client.abandon_store()  # its shutdown (by the fixture) then writes nothing

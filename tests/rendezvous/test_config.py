@@ -22,7 +22,7 @@ TORCHRUN_KEYS = {
 
 def test_table_keeps_every_torchrun_c10d_key() -> None:
     assert set(CONFIG_KEYS) >= TORCHRUN_KEYS
-    assert set(CONFIG_KEYS) - TORCHRUN_KEYS == {"stable_rank0"}
+    assert set(CONFIG_KEYS) - TORCHRUN_KEYS == {"stable_rank0", "join_networks", "secret_file"}
     assert all(key.help for key in CONFIG_KEYS.values())
 
 
@@ -79,11 +79,11 @@ def test_unknown_keys_pass_when_not_checked() -> None:
     ("key", "value", "match"),
     [
         ("join_timeout", "soon", "must be a number"),
-        ("join_timeout", "0", "must be a positive number"),
-        ("last_call_timeout", "-1", "must be a positive number"),
-        ("read_timeout", "0", "must be a positive number"),
-        ("keep_alive_interval", "0", "must be a positive number"),
-        ("keep_alive_max_attempt", "0", "at least 1"),
+        ("join_timeout", "0", "must be a number of seconds above 0 and at most 604800"),
+        ("last_call_timeout", "-1", "must be a number of seconds above 0 and at most 604800"),
+        ("read_timeout", "0", "must be a number of seconds above 0 and at most 604800"),
+        ("keep_alive_interval", "0", "must be a number of seconds above 0 and at most 604800"),
+        ("keep_alive_max_attempt", "0", "must be an integer from 1 to 1000"),
         ("keep_alive_max_attempt", "2.5", "must be an integer"),
         ("is_host", "maybe", "true or false"),
         ("store_type", "etcd", "tcp or file"),

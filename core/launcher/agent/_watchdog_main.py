@@ -1,10 +1,16 @@
-"""The watchdog process: kills the workers of an agent that died without cleaning up.
+"""The watchdog process: kills the processes of an agent's job once the agent died without cleaning up.
 
-Run as ``python -I -S _watchdog_main.py`` (isolated, no site: it starts in milliseconds and
-imports nothing of launcher). The agent writes ``+PID`` for each worker it starts (the worker is
-the leader of its own session), ``-PID`` when it reaped one, and ``exit`` when it shuts down
-cleanly. If standard input ends without ``exit``, the agent is gone: every process in a
-registered worker's session, and every descendant of a registered worker, is SIGKILLed.
+Run as ``python -I -S _watchdog_main.py TOKEN`` (isolated, no site: it starts in milliseconds and
+imports nothing of launcher). Every process the job starts carries ``TOKEN`` in its environment
+(``LAUNCHER_JOB_TOKEN``, inherited at any depth and in any session), so the job's processes can be
+found by scanning ``/proc/*/environ`` without knowing their pids or parents. The agent writes
+``+PID`` for each worker it starts (the worker is the leader of its own session), ``-PID`` when it
+reaped one, and ``exit`` when it shuts down cleanly. If standard input ends without ``exit``, the
+agent is gone: every process carrying the token, in a registered worker's session, or below a
+registered worker is SIGKILLed, and the scan repeats until it has found nothing for a while (a
+worker the agent was forking when it died execs, and so shows its token, a moment later).
+
+The functions here are also the agent's own tools for its stop-time sweep (``group.py``).
 """
 
 import contextlib
@@ -13,9 +19,12 @@ import signal
 import sys
 import time
 
+#: The worker environment variable holding the job's token (tokens of enclosing jobs too, ':'-joined).
+TOKEN_VARIABLE = "LAUNCHER_JOB_TOKEN"
+
 
 def process_stat(pid):
-    """(ppid, session id) of a process, or None if it is gone."""
+    """(ppid, session id) of a process, or None if it is gone (a zombie is gone: it cannot be killed)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
@@ -23,6 +32,8 @@ def process_stat(pid):
         return None
     # The command name may hold spaces and parentheses: parse after the last ')'.
     fields = data[data.rfind(b")") + 2 :].split()
+    if fields[0] == b"Z":  # waits for its new parent to reap it, which may take a while
+        return None
     return int(fields[1]), int(fields[3])
 
 
@@ -69,21 +80,50 @@ def session_tree(sessions):
     return doomed
 
 
-def kill_session_trees(sessions, timeout=10.0):
+def job_processes(token, exclude=()):
+    """Pids whose environment (as it was at exec) holds ``token``; zombies and kernel threads have none."""
+    needle = token.encode() if isinstance(token, str) else token
+    if not needle:  # an empty token is in every environment: match nothing rather than everything
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                data = handle.read()
+        except OSError:  # gone, or not ours to read (another user's process is never the job's)
+            continue
+        if needle in data:
+            found.append(int(entry))
+    return found
+
+
+def kill_job(token, sessions=(), timeout=10.0, quiet=0.5):
+    """SIGKILL the job's processes until none has been seen for ``quiet`` seconds (or ``timeout``)."""
+    me = {os.getpid()}
     deadline = time.monotonic() + timeout
+    last_seen = time.monotonic()
     while time.monotonic() < deadline:
-        doomed = session_tree(sessions)
-        if not doomed:
-            return
+        doomed = set(job_processes(token, me))
+        if sessions:
+            doomed |= session_tree(sessions)
+        doomed -= me
         for pid in doomed:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
+        now = time.monotonic()
+        if doomed:
+            last_seen = now
+        elif now - last_seen >= quiet:
+            return
+        time.sleep(0.02)
 
 
 def main():
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_IGN)  # outlive the agent's own signals to clean up after it
+    token = sys.argv[1] if len(sys.argv) > 1 else ""
     sessions = set()
     stream = sys.stdin.buffer
     clean = False
@@ -96,8 +136,8 @@ def main():
             sessions.add(int(text[1:]))
         elif text[:1] == b"-":
             sessions.discard(int(text[1:]))
-    if not clean and sessions:
-        kill_session_trees(sessions)
+    if not clean and (token or sessions):
+        kill_job(token, sessions)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ from launcher.agent.ranks import assign_ranks
 from launcher.agent.watchdog import Watchdog
 from launcher.errors import LaunchError
 from launcher.logs.pump import OutputPump
-from launcher.rendezvous.api import RendezvousError
-from launcher.store.api import StoreError
+from launcher.rendezvous.api import FixedMembership, RendezvousError
+from launcher.store.api import StoreError, StoreTimeoutError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.config import LaunchConfig
@@ -128,9 +128,18 @@ class Agent:
         self._result_dir: str | None = None
         self._events: Any = None
         self._oom_watch: Any = None
+        #: launcher.hangs.monitor.HangMonitor with --hang-timeout, else None.
+        self._hangs: Any = None
         self._wakeup_r: int | None = None
         self._wakeup_w: int | None = None
         self._previous_wakeup_fd = -1
+        #: Set when the rendezvous store stopped answering while workers ran (one line).
+        self._store_note: str | None = None
+        #: This node's group rank and address in a multi-node job (None on a single node).
+        self._group_rank: int | None = None
+        #: This node's ranks when the workers were last stopped to re-form the group.
+        self._last_ranks: list[Any] = []
+        self._node_addr: str | None = None
 
     # -- set-up helpers ----------------------------------------------------------------------
 
@@ -145,6 +154,9 @@ class Agent:
             self._signal = signum
             if first and self._in_rendezvous:
                 raise SignalReceived(signum)
+            if not first and self._group is not None:
+                # A second Ctrl-C or SIGTERM: the user will not wait out --shutdown-timeout.
+                self._group.hurry()
 
         # The C-level handler writes to this pipe the instant a signal arrives, waking the
         # agent's selector; the Python handler below then only records which signal it was.
@@ -214,6 +226,13 @@ class Agent:
             self.manager,
             SinkContext(run_id=config.run_id, node=self.node, role=config.role),
         )
+        if config.hang_timeout:
+            from launcher.hangs.monitor import HangMonitor
+
+            self._hangs = HangMonitor.create(
+                config, self.node, emit=self._emit,
+                log_dir=lambda: (getattr(logs_specs, "run_log_dir", None) if config.log_dir else None),
+            )
         previous_handlers: dict[int, Any] = {}
         pump = OutputPump()
         watchdog = Watchdog()
@@ -221,6 +240,8 @@ class Agent:
         result = AgentResult(exit_code=1)
         try:
             previous_handlers = self._install_signal_handlers()
+            if self._hangs is not None:  # SIGUSR2: every local rank's stacks, on demand
+                self._hangs.enable_dump_signal(config.signal_numbers)
             if not watchdog.start():
                 log.warning("cannot start the watchdog: workers will die with the agent, their children may not")
             base_env = self._base_env()
@@ -230,6 +251,8 @@ class Agent:
         except SignalReceived as exc:
             result = AgentResult(exit_code=128 + exc.signum, message=_signal_message(exc.signum))
         except (RendezvousError, StoreError) as exc:
+            if self._last_ranks and self._group_rank is not None:
+                self._log_ranks(self._last_ranks)
             result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
             self._emit("job_failed", reason=result.message)
         finally:
@@ -237,15 +260,23 @@ class Agent:
                 self._group.stop(signal.SIGKILL, 0)
                 self._group.close()
             if handler is not None:
-                with contextlib.suppress(Exception):
-                    if result.exit_code != 0 or not handler.is_closed():
-                        handler.set_closed()
+                if self._store_note is not None:
+                    # Nothing answers there any more: leave without writing to it.
+                    abandon = getattr(handler, "abandon_store", None)
+                    if abandon is not None:
+                        abandon()
+                else:
+                    with contextlib.suppress(Exception):
+                        if result.exit_code != 0 or not handler.is_closed():
+                            handler.set_closed()
                 with contextlib.suppress(Exception):
                     handler.shutdown()
             pump.close()
             watchdog.stop()
             if self._oom_watch is not None:
                 self._oom_watch.close()
+            if self._hangs is not None:
+                self._hangs.close()
             with contextlib.suppress(Exception):
                 self._events.close(timeout=5.0)
             finish = getattr(logs_specs, "finish", None)
@@ -304,6 +335,10 @@ class Agent:
                 self._restart_count -= 1
             charged = False
             previous = info
+            if info.group_world_size > 1:
+                self._group_rank = info.group_rank
+                descriptor = getattr(handler, "node", None)
+                self._node_addr = config.local_addr or getattr(descriptor, "addr", None)
             group = self._start(info, logs_specs, pump, watchdog, base_env, cpus)
             outcome, failed = self._watch(group, handler)
             if outcome == "signal":
@@ -311,6 +346,9 @@ class Agent:
                 signum = self._signal
                 log.warning("received %s: forwarding it to %d worker(s)", signal.Signals(signum).name,
                             len(group.running()))
+                # Said before the rendezvous closes (in run()), so the other nodes can say why.
+                self._publish(info, handler, self._outcome(info, reason=f"its agent received "
+                                                                         f"{signal.Signals(signum).name}"))
                 group.stop(signum, config.shutdown_timeout)
                 group.close()
                 self._group = None
@@ -324,23 +362,41 @@ class Agent:
                 self._emit("job_succeeded", restart_count=self._restart_count)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome == "membership":
+                killed = {s.local_rank for s in group.running()}
                 group.stop(signal.SIGTERM, config.shutdown_timeout)
+                # Shown if the job then ends in the rendezvous (too few nodes left, say).
+                self._last_ranks = self._rank_states(group, killed)
                 group.close()
                 self._group = None
                 continue
-            if outcome == "closed":
+            if outcome in ("closed", "store"):
+                if outcome == "closed":
+                    # Written before stopping: a node that failed waits for this record.
+                    self._publish(info, handler, self._outcome(info))
+                killed = {s.local_rank for s in group.running()}
                 group.stop(signal.SIGTERM, config.shutdown_timeout)
+                group.drain_output(group.slots)
+                failures = self._failures(group, [s for s in group.slots if s.local_rank not in killed
+                                                  and s.process is not None and s.process.returncode])
+                ranks = self._rank_states(group, killed)
                 group.close()
                 self._group = None
-                message = "the job was ended by another node (its workers failed, or it was stopped)"
-                self._emit("job_failed", reason=message)
-                return AgentResult(exit_code=1, message=message)
-            # A worker failed.
+                result = self._job_failed(info, handler, failures, ranks, logs_specs, closer=False)
+                self._emit("job_failed", reason=result.message or "ended by another node")
+                return result
+            # A worker failed (or hung: the hang report is printed before the group is stopped).
+            hang = self._hangs.report if outcome == "hung" else None
+            if hang is not None:
+                self._hangs.announce(_hang_outcome(remaining_restarts, config.max_restarts))
+            killed = {s.local_rank for s in group.running()}
             group.stop(signal.SIGTERM, config.shutdown_timeout)
             group.drain_output(group.slots)
             failures = self._failures(group, failed)
+            ranks = self._rank_states(group, killed)
             group.close()
             self._group = None
+            if self._hangs is not None:
+                self._hangs.detach()
             if remaining_restarts == 0 and info.group_world_size > 1 and self._await_lost_nodes(handler):
                 continue  # a node left: re-form without counting a restart
             if remaining_restarts > 0:
@@ -349,17 +405,17 @@ class Agent:
                 charged = True
                 first = failures[0]
                 reason = f"local rank {first.local_rank} (pid {first.pid}) {_describe_exit(first)}"
-                log.warning("worker group failed: %s; restarting (%d of %d restarts left)",
-                            reason, remaining_restarts, config.max_restarts)
-                self._emit("group_restarted", count=self._restart_count, reason=reason)
+                if hang is not None:
+                    reason = f"{hang.reason} (detected by {hang.detected_by})"
+                log.warning("worker group %s: %s; restarting (%d of %d restarts left)",
+                            "hung" if hang is not None else "failed", reason, remaining_restarts,
+                            config.max_restarts)
+                self._emit("group_restarted", count=self._restart_count, reason=reason,
+                           cause="hang" if hang is not None else "failure")
                 continue
-            from launcher.failures.report import FailureReport
-
-            report = FailureReport.from_failures(failures, oom_watch=self._oom_watch)
-            self._write_report(report, logs_specs)
-            handler.set_closed()
-            self._emit("job_failed", reason="worker failure", failures=len(failures))
-            return AgentResult(exit_code=1, failures=failures, report=report)
+            result = self._job_failed(info, handler, failures, ranks, logs_specs, closer=True, hang=hang)
+            self._emit("job_failed", reason="hang" if hang is not None else "worker failure", failures=len(failures))
+            return result
 
     def _start(self, info: RendezvousInfo, logs_specs: Any, pump: OutputPump, watchdog: Watchdog,
                base_env: dict[str, str], cpus: list[frozenset[int] | None] | None) -> WorkerGroup:
@@ -391,6 +447,8 @@ class Agent:
             envs[local_rank] = env
             slots.append(WorkerSlot(local_rank, ranks.base_rank + local_rank, ranks.base_role_rank + local_rank, env))
         dest = logs_specs.reify(envs)
+        if self._hangs is not None:
+            self._hangs.prepare(envs, slots)
         for slot in slots:  # reify may have added TORCHELASTIC_ERROR_FILE
             slot.env = envs[slot.local_rank]
         if self.entry.function is not None and self._result_dir is None:
@@ -399,17 +457,32 @@ class Agent:
             self._result_dir = tempfile.mkdtemp(prefix="launcher_results_")
         group = WorkerGroup(slots, pump, watchdog, wakeup_fd=self._wakeup_r)
         self._group = group
-        group.start(
-            self.entry,
-            dest,
-            role=config.role,
-            prefix_template=config.log_line_prefix_template,
-            stdout_filters=config.duplicate_stdout_filters,
-            stderr_filters=config.duplicate_stderr_filters,
-            cpus=cpus,
-            start_method=config.start_method,
-            result_dir=self._result_dir or "",
-        )
+        try:
+            group.start(
+                self.entry,
+                dest,
+                role=config.role,
+                prefix_template=config.log_line_prefix_template,
+                stdout_filters=config.duplicate_stdout_filters,
+                stderr_filters=config.duplicate_stderr_filters,
+                cpus=cpus,
+                start_method=config.start_method,
+                result_dir=self._result_dir or "",
+                worker_tty=config.worker_tty,
+            )
+        except OSError as exc:
+            # EMFILE from pipe(), EAGAIN from fork(): one line, not a traceback.
+            from launcher.limits import ResourceLimitError, describe_spawn_error
+
+            message = describe_spawn_error(exc, config.nproc_per_node)
+            if message is None:
+                raise
+            # Stop the workers already started here, with time to die, so that run()'s final
+            # SIGKILL finds none and the message stays the only line.
+            group.stop(signal.SIGKILL, 5.0)
+            raise ResourceLimitError(f"node {self.node}: {message}") from None
+        if self._hangs is not None:
+            self._hangs.attach(group, info)
         # Taken once the workers are on their way, to keep it off the start-up path.
         if self._oom_watch is None:
             from launcher.failures.oom import OomWatch
@@ -433,7 +506,9 @@ class Agent:
         return group
 
     def _watch(self, group: WorkerGroup, handler: RendezvousHandler) -> tuple[str, list[WorkerSlot]]:
-        """Block until the group needs attention: ``succeeded``, ``failed``, ``membership``, ``signal``."""
+        """Block until the group needs attention: ``succeeded``, ``failed``, ``membership``, ``signal``,
+        ``hung`` (with --hang-timeout; the report is in ``self._hangs.report``), ``closed`` (another
+        node ended the job) or ``store`` (the rendezvous store is gone)."""
         # Exits are seen at once; this interval only paces questions to the rendezvous store.
         # At least a second apart: each check is a few store reads, and with thousands of nodes
         # asking ten times a second the store would serve little else.
@@ -442,7 +517,10 @@ class Agent:
         while True:
             if self._signal is not None:
                 return "signal", []
-            ended = group.wait(max(0.0, min(interval, next_check - time.monotonic())))
+            pause = min(interval, next_check - time.monotonic())
+            if self._hangs is not None:
+                pause = min(pause, self._hangs.next_due())
+            ended = group.wait(max(0.0, pause))
             failed = [s for s in ended if s.process is not None and s.process.returncode != 0]
             if failed:
                 # Collect every worker that already failed, so the root cause is the earliest.
@@ -453,11 +531,13 @@ class Agent:
                 return "failed", failed
             if group.all_done():
                 return "succeeded", []
+            if self._hangs is not None and self._hangs.poll() is not None:
+                return "hung", self._hangs.hung_slots()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
                 change = self._membership_changed(handler)
-                if change == "closed":
-                    return "closed", []
+                if change in ("closed", "store"):
+                    return str(change), []
                 if change:
                     return "membership", []
 
@@ -489,6 +569,10 @@ class Agent:
             waiting = handler.num_nodes_waiting()
             lost = handler.lost_nodes()
         except (StoreError, RendezvousError, OSError) as exc:
+            note = self._store_gone(handler, exc)
+            if note is not None:
+                self._store_note = note
+                return "store"
             log.warning("cannot reach the rendezvous store: %s", exc)
             return False
         if lost:
@@ -521,6 +605,8 @@ class Agent:
                     timestamp=process.ended_at or time.time(),
                     error_file=slot.error_file,
                     stderr_tail=group.stderr_tail(slot),
+                    group_rank=self._group_rank,
+                    node_addr=self._node_addr,
                 )
             )
             self._emit(
@@ -533,6 +619,131 @@ class Agent:
             )
         failures.sort(key=lambda f: f.timestamp)
         return failures
+
+    # -- how a failed job ends on every node (see launcher.agent.outcome) ----------------------
+
+    def _rank_states(self, group: WorkerGroup, killed: set[int]) -> list[Any]:
+        from launcher.failures.report import RankState
+
+        states = []
+        for slot in group.slots:
+            process = slot.process
+            code = process.returncode if process is not None else None
+            if process is None or code is None:
+                state = "running"
+            elif slot.local_rank in killed:
+                state = "killed by the agent"
+            else:
+                state = "succeeded" if code == 0 else "failed"
+            states.append(RankState(slot.global_rank, slot.local_rank, process.pid if process else None, state, code))
+        return states
+
+    def _outcome(self, info: RendezvousInfo, root: Any = None, reason: str | None = None) -> Any:
+        from launcher.agent.outcome import NodeOutcome
+
+        return NodeOutcome(info.group_rank, self.node, self._node_addr, root, reason)
+
+    def _store_gone(self, handler: RendezvousHandler, exc: BaseException) -> str | None:
+        """One line when the rendezvous store is gone or cut off (a fresh connect fails), else None."""
+        probe = getattr(handler, "store_problem", None)
+        problem = probe() if probe is not None else None
+        if problem is None:
+            return None
+        where = getattr(handler, "store_location", None)
+        return f"{where() if where is not None else 'the rendezvous store'} is gone: {problem}"
+
+    def _publish(self, info: RendezvousInfo, handler: RendezvousHandler, outcome: Any) -> None:
+        from launcher.agent.outcome import outcome_prefix, publish_outcome
+
+        if info.store is None or info.group_world_size == 1 or self._store_note is not None:
+            return
+        try:
+            publish_outcome(info.store, outcome_prefix(self.config.run_id, info.round), outcome)
+        except (StoreError, RendezvousError, OSError) as exc:
+            self._store_note = self._store_gone(handler, exc) or f"cannot reach the rendezvous store: {exc}"
+
+    def _gather(self, info: RendezvousInfo, handler: RendezvousHandler, *, closer: bool) -> dict[int, Any]:
+        """The other nodes' records: all of them (a closer, whose cause may not be the first), or
+        until one names a cause (a node that only saw the job end)."""
+        from launcher.agent.outcome import OUTCOME_TIMEOUT, collect_outcomes, outcome_prefix
+
+        if info.store is None or info.group_world_size == 1 or self._store_note is not None:
+            return {}
+
+        def lost() -> set[int]:
+            with contextlib.suppress(StoreError, RendezvousError, OSError):
+                names = set(handler.lost_nodes())
+                return {g for g, node in enumerate(info.participants) if node in names}
+            return set()
+
+        def enough(found: dict[int, Any]) -> bool:
+            if closer:
+                return len(found) >= info.group_world_size
+            return any(o.root or o.reason for g, o in found.items() if g != info.group_rank)
+
+        # Nodes of a fixed-membership rendezvous (static) never learn that the job was closed,
+        # so they write no record to wait for: read what is there.
+        timeout = 0.0 if isinstance(handler, FixedMembership) else OUTCOME_TIMEOUT
+        try:
+            return collect_outcomes(info.store, outcome_prefix(self.config.run_id, info.round),
+                                    info.group_world_size, until=enough, lost=lost, timeout=timeout)
+        except (StoreError, RendezvousError, OSError) as exc:
+            self._store_note = self._store_gone(handler, exc) or f"cannot reach the rendezvous store: {exc}"
+            return {}
+
+    def _job_failed(self, info: RendezvousInfo, handler: RendezvousHandler, failures: list[Any],
+                    ranks: list[Any], logs_specs: Any, *, closer: bool, hang: Any = None) -> AgentResult:
+        """End a failed job on this node: share this node's outcome, close the rendezvous, learn
+        the other nodes' outcomes, and report the job's root cause and every local rank."""
+        from launcher.failures.report import FailureReport, ReportedFailure
+
+        local = FailureReport.from_failures(failures, oom_watch=self._oom_watch) if failures else None
+        if closer or local is not None:
+            self._publish(info, handler, self._outcome(info, root=local.root_cause.to_dict() if local else None))
+        if closer:
+            with contextlib.suppress(StoreError, RendezvousError, OSError):
+                handler.set_closed()
+        others = self._gather(info, handler, closer=closer or local is not None)
+        remote = [o for g, o in others.items() if g != info.group_rank]
+        roots = [ReportedFailure.from_dict(o.root) for o in remote if o.root]
+        entries = ([local.root_cause, *local.others] if local else []) + roots
+        multi = info.group_world_size > 1
+        this_node = f"{self.node} (node {info.group_rank}{', ' + self._node_addr if self._node_addr else ''})"
+        notes = [self._store_note] if self._store_note else []
+        if entries:
+            entries.sort(key=lambda r: (r.time, r.failure.timestamp, r.failure.rank))
+            root = entries[0]
+            others_local = [e for e in entries[1:] if e in (local.failures if local else [])]
+            if local is not None and root is local.root_cause:
+                count = len(local.failures)
+                title = f"{count} worker{'s' if count != 1 else ''} failed"
+            else:
+                title = f"the job failed on {root.failure.node_label}"
+            report = FailureReport([root, *others_local], title=title, created=time.time(),
+                                   node_ranks=ranks if multi else [], this_node=this_node if multi else "",
+                                   notes=notes)
+            if hang is not None:
+                report.title = "a rank hung; the workers were stopped"
+                report.hang = hang.to_dict()
+            self._write_report(report, logs_specs)
+            return AgentResult(exit_code=1, failures=failures, report=report)
+        reasons = [f"{o.label}: {o.reason}" for o in remote if o.reason]
+        if self._store_note:
+            message = self._store_note
+        elif reasons:
+            message = "the job was ended by " + "; ".join(reasons)
+        else:
+            message = "the job was ended by another node (its workers failed, or it was stopped)"
+        if multi and ranks:
+            self._log_ranks(ranks)
+        return AgentResult(exit_code=1, message=message)
+
+    def _log_ranks(self, ranks: list[Any]) -> None:
+        """This node's ranks and their states, ahead of the one-line error that ends the job."""
+        from launcher.failures.report import render_ranks
+
+        where = f"{self.node} (node {self._group_rank}{', ' + self._node_addr if self._node_addr else ''})"
+        log.warning("%s", "\n".join(render_ranks(ranks, f"Ranks on this node ({where}):")))
 
     def _write_report(self, report: Any, logs_specs: Any) -> None:
         with contextlib.suppress(Exception):
@@ -552,6 +763,30 @@ class Agent:
                 values[slot.global_rank] = result()
         return values
 
+    def _await_done(self, store: Any, done: str, timeout: float, info: RendezvousInfo,
+                    handler: RendezvousHandler) -> bool:
+        """Wait for every node to finish; False when another node ended the job meanwhile
+        (closed without every node done): then say why, and leave the barrier at once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                store.wait([done], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                return True
+            except StoreTimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+            if handler.is_closed() and not store.check([done]):
+                # This node's record tells a failing node it need not wait for us.
+                self._publish(info, handler, self._outcome(info))
+                others = self._gather(info, handler, closer=False)
+                causes = [
+                    f"{o.label}: " + (f"rank {o.root.get('rank')} {o.root.get('exit')}" if o.root else str(o.reason))
+                    for g, o in sorted(others.items()) if g != info.group_rank and (o.root or o.reason)
+                ]
+                log.warning("every worker of this node succeeded, but the job ended on another node%s",
+                            f" ({'; '.join(causes)})" if causes else "")
+                return False
+
     def _exit_barrier(self, info: RendezvousInfo, handler: RendezvousHandler) -> None:
         """Wait for every node to finish, then close the rendezvous, without a node leaving early.
 
@@ -570,7 +805,8 @@ class Agent:
         try:
             if store.add(f"{key}/count", 1) == info.group_world_size:
                 store.set(f"{key}/done", b"1")
-            store.wait([f"{key}/done"], timeout=timeout)
+            if not self._await_done(store, f"{key}/done", timeout, info, handler):
+                return
             handler.set_closed()
             if store.add(f"{key}/left", 1) == info.group_world_size:
                 store.set(f"{key}/all_left", b"1")
@@ -602,6 +838,13 @@ def _heartbeat_timeout(handler: RendezvousHandler, config: LaunchConfig) -> floa
         return min(60.0, max(0.0, float(value)))
     except (TypeError, ValueError):
         return 0.0
+
+
+def _hang_outcome(remaining_restarts: int, max_restarts: int) -> str:
+    if remaining_restarts > 0:
+        number = max_restarts - remaining_restarts + 1
+        return f"stopping the workers and restarting them (restart {number} of {max_restarts})"
+    return "stopping the workers; no restarts left, the job fails"
 
 
 def _signal_message(signum: int) -> str:

@@ -3,7 +3,9 @@
 A group lives for one attempt. It builds each worker's output routes from the LogsSpecs'
 destinations, starts the processes, registers them with the watchdog, and reports exits the
 moment they happen. Stopping sends a signal to every worker's process group, waits up to the
-shutdown timeout, then SIGKILLs whatever is left, including processes the workers started.
+shutdown timeout (cut short by :meth:`WorkerGroup.hurry`), then SIGKILLs whatever is left. Once the
+workers have ended, a sweep kills every process still carrying the job's token in its environment:
+whatever the workers started, at any depth and in any session (double-forked daemons included).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any, BinaryIO
 
-from launcher.agent._watchdog_main import descendants
+from launcher.agent._watchdog_main import descendants, job_processes
 from launcher.agent.process import WorkerProcess, start_command, start_function
-from launcher.agent.watchdog import Watchdog
+from launcher.agent.watchdog import Watchdog, job_env
 from launcher.logs.pump import OutputPump, StreamRoute, open_log
 from launcher.logs.specs import CONSOLE
+from launcher.logs.terminal import WorkerTerminals, stream_wants_terminal
 
 log = logging.getLogger("launcher.agent")
 
@@ -40,6 +43,8 @@ class WorkerSlot:
     streams: list[Any] = field(default_factory=list)
     stderr_stream: Any = None
     error_file: str | None = None
+    #: Called whenever the worker writes output (hang watching by output), set before it starts.
+    on_output: Callable[[], None] | None = None
 
 
 @dataclass
@@ -84,6 +89,9 @@ class WorkerGroup:
             self._selector.register(wakeup_fd, selectors.EVENT_READ, None)
         self._files: list[BinaryIO] = []
         self._polled: list[WorkerSlot] = []  # workers without an exit descriptor
+        self._hurry = False
+        self._swept = False  # a stop swept after every worker ended: close need not scan again
+        self._terminals = WorkerTerminals()
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -99,8 +107,13 @@ class WorkerGroup:
         cpus: Sequence[frozenset[int] | None] | None,
         start_method: str,
         result_dir: str,
+        worker_tty: str = "never",
     ) -> None:
-        """Start every worker; ``dest`` is the LogsSpecs' LogsDest for this attempt."""
+        """Start every worker; ``dest`` is the LogsSpecs' LogsDest for this attempt.
+
+        ``worker_tty`` (``auto``, ``always``, ``never``) says which streams are pseudo-terminals
+        rather than pipes (:mod:`launcher.logs.terminal`).
+        """
         nproc = len(self.slots)
         guarded = self._watchdog.running
         close_fds = (self._watchdog.pipe_fd,) if self._watchdog.pipe_fd is not None else ()
@@ -115,19 +128,28 @@ class WorkerGroup:
             err_route = self._route(dest.stderrs.get(rank, CONSOLE), rank in dest.tee_stderrs, 2, prefix,
                                     stderr_filters, filtered_err)
             err_route.keep_tail = True
+            out_route.on_output = err_route.on_output = slot.on_output
             slot.error_file = dest.error_files.get(rank) or None
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
+            out_r, out_w = self._channel(out_route, worker_tty)
+            try:
+                err_r, err_w = self._channel(err_route, worker_tty)
+            except BaseException:
+                os.close(out_r)
+                os.close(out_w)
+                raise
             worker_cpus = cpus[rank] if cpus else None
+            # The token lets the stop-time sweep and the watchdog find every process of the job,
+            # whatever its parent or session, without any registration (so no start-up window).
+            env = job_env(slot.env, self._watchdog.token)
             try:
                 if entry.command is not None:
                     argv = substitute_local_rank(entry.command, rank)
-                    slot.process = start_command(rank, argv, slot.env, out_w, err_w, worker_cpus,
+                    slot.process = start_command(rank, argv, env, out_w, err_w, worker_cpus,
                                                  parent_death_signal=not guarded)
                 else:
                     assert entry.function is not None
                     slot.process = start_function(
-                        rank, entry.function, entry.args, slot.env, out_w, err_w,
+                        rank, entry.function, entry.args, env, out_w, err_w,
                         os.path.join(result_dir, f"result_{rank}.pickle"), start_method, worker_cpus,
                         parent_death_signal=not guarded, close_fds=close_fds,
                     )
@@ -139,11 +161,26 @@ class WorkerGroup:
             os.close(err_w)
             slot.streams = [self._pump.add(out_r, out_route), self._pump.add(err_r, err_route)]
             slot.stderr_stream = slot.streams[1]
+            self._terminals.attach(slot.process.pid)
             self._watchdog.watch(slot.process.pid)
             if getattr(slot.process, "has_exit_fd", False):
                 self._selector.register(slot.process.fileno(), selectors.EVENT_READ, slot)
             else:
                 self._polled.append(slot)
+
+    def _channel(self, route: StreamRoute, worker_tty: str) -> tuple[int, int]:
+        """The (read, write) ends a worker stream goes through: a pipe, or a pty (master, slave)."""
+        if not stream_wants_terminal(worker_tty, route.console_fd):
+            return os.pipe()
+        # Shown as it comes only on a terminal console; a pipe or file console keeps whole lines.
+        live = route.console_fd is not None and os.isatty(route.console_fd)
+        try:
+            ends = self._terminals.open(route.prefix if live else b"")
+        except OSError as exc:  # out of ptys (kernel.pty.max): output still flows, plainly
+            log.warning("no pseudo-terminal for a worker (%s); using a pipe", exc)
+            return os.pipe()
+        route.live = live
+        return ends
 
     def _open_filtered(self, path: str, filters: Sequence[str]) -> BinaryIO | None:
         if not filters or not path or path == os.devnull:
@@ -214,6 +251,10 @@ class WorkerGroup:
             assert slot.process is not None
             slot.process.signal_group(signum)
 
+    def hurry(self) -> None:
+        """Skip what is left of the grace period of a :meth:`stop` (a second Ctrl-C or SIGTERM)."""
+        self._hurry = True
+
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 30.0) -> None:
         """Signal every running worker's group, wait up to ``timeout``, then SIGKILL the rest."""
         alive = self.running()
@@ -226,38 +267,71 @@ class WorkerGroup:
                 assert slot.process is not None
                 slot.process.signal_group(signum)
             deadline = time.monotonic() + timeout
-            while self.running() and time.monotonic() < deadline:
+            while self.running() and time.monotonic() < deadline and not self._hurry:
                 self.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             for slot in self.running():
                 assert slot.process is not None
-                log.warning("worker local rank %d (pid %d) did not exit within %.0fs of %s; killing it",
-                            slot.local_rank, slot.process.pid, timeout, signal.Signals(signum).name)
+                if self._hurry:
+                    log.warning("worker local rank %d (pid %d): killing it now (signal received again)",
+                                slot.local_rank, slot.process.pid)
+                else:
+                    log.warning("worker local rank %d (pid %d) did not exit within %.0fs of %s; killing it",
+                                slot.local_rank, slot.process.pid, timeout, signal.Signals(signum).name)
                 slot.process.signal_group(signal.SIGKILL)
             deadline = time.monotonic() + 5.0
             while self.running() and time.monotonic() < deadline:
                 self.wait(0.02)
         self.reap_leftovers()
+        self._swept = not self.running()
         for pid in tree - set(self.pids):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
-    def reap_leftovers(self) -> None:
-        """Kill what exited workers left behind in their process groups (no process outlives us)."""
+    def reap_leftovers(self, sweep: bool = True) -> None:
+        """Kill what exited workers left behind, in their process groups and (``sweep``) anywhere else."""
         for slot in self.slots:
             if slot.process is not None and slot.process.poll() is not None and slot.process.signal_group(
                 signal.SIGKILL
             ):
                 log.info("killed processes left behind by worker local rank %d (pid %d)",
                          slot.local_rank, slot.process.pid)
+        if sweep:
+            self.sweep()
+
+    def sweep(self, timeout: float = 5.0) -> int:
+        """SIGKILL every process carrying the job's token but running workers; how many were killed.
+
+        One scan of ``/proc/*/environ`` when nothing is left (at stop time only, never on the
+        start-up path); it repeats while it finds something, since a process can fork while its
+        parent is being killed.
+        """
+        exclude = {os.getpid(), self._watchdog.pid or 0}
+        exclude.update(slot.process.pid for slot in self.running() if slot.process is not None)
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            doomed = job_processes(self._watchdog.token, exclude)
+            if not doomed:
+                break
+            for pid in doomed:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            killed.update(doomed)
+            time.sleep(0.005)
+        if killed:
+            log.info("killed %d process(es) the workers left behind (pids %s)", len(killed),
+                     ", ".join(map(str, sorted(killed))))
+        return len(killed)
 
     def close(self) -> None:
         """Release descriptors and files once every worker has ended."""
-        self.reap_leftovers()
+        self.reap_leftovers(sweep=not self._swept)
         self.drain_output(self.slots, timeout=2.0)
         for slot in self.slots:
             if slot.process is not None:
                 self._watchdog.forget(slot.process.pid)
                 slot.process.close()
+        self._terminals.close()
         self._selector.close()
         for handle in self._files:
             with contextlib.suppress(ValueError, OSError):

@@ -213,6 +213,10 @@ def _function_main(
     stdout.close()
     stderr.close()
     os.environ.update(env)
+    if env.get("LAUNCHER_STACKS_FILE"):  # --hang-timeout: no start-up hook runs in this process
+        from launcher.hangs.stacks import arm_here
+
+        arm_here(env)
     result = fn(*args)
     import pickle
 

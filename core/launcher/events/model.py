@@ -44,6 +44,8 @@ WORKER_FAILED = "worker_failed"
 GROUP_RESTARTED = "group_restarted"
 #: Nodes joined or left: the agent noticed the set of participants changed.
 MEMBERSHIP_CHANGED = "membership_changed"
+#: A rank stopped making progress (--hang-timeout): every rank's stack was taken.
+HANG_DETECTED = "hang_detected"
 #: Every worker of this node succeeded; the job is done here.
 JOB_SUCCEEDED = "job_succeeded"
 #: The job failed here for good (restarts exhausted, or an error the agent cannot recover from).
@@ -81,10 +83,19 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
     GROUP_RESTARTED: {
         "count": "restarts used so far, this one included",
         "reason": "one line: the failure that caused the restart",
+        "cause": '"failure" (a worker exited) or "hang" (a rank stopped making progress)',
     },
     MEMBERSHIP_CHANGED: {
         "lost": "names of nodes that stopped responding (empty when nodes only joined)",
         "waiting": "number of nodes waiting to join",
+    },
+    HANG_DETECTED: {
+        "detected_by": "name of the node that saw a rank stop making progress",
+        "reason": "one line: which rank, and for how long",
+        "hung_ranks": "global ranks found hung, on the nodes that answered",
+        "groups": 'ranks grouped by identical main-thread stack: [{"ranks": [...], "stack": "f (a.py:1) <- ..."}]',
+        "stacks_file": "this node's file with every thread's full stack",
+        "outcome": "what happens next: a restart, or the job fails",
     },
     JOB_SUCCEEDED: {
         "restart_count": "restarts used",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.failures.report import (
         ErrorFileContent,
         FailureReport,
+        RankState,
         ReportedFailure,
         WorkerFailure,
         explain_signal,
@@ -31,6 +32,7 @@ _WHERE = {
     "OomWatch": "oom",
     "ErrorFileContent": "report",
     "FailureReport": "report",
+    "RankState": "report",
     "ReportedFailure": "report",
     "WorkerFailure": "report",
     "explain_signal": "report",
@@ -52,6 +54,7 @@ __all__ = [
     "ErrorFileContent",
     "FailureReport",
     "OomWatch",
+    "RankState",
     "ReportedFailure",
     "WorkerFailure",
     "explain_signal",

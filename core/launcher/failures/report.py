@@ -127,6 +127,18 @@ class WorkerFailure:
     timestamp: float
     error_file: str | None = None
     stderr_tail: list[str] = field(default_factory=list)
+    #: In a multi-node job: the node's group rank and address (the hostname alone may be
+    #: shared by several nodes, containers say).
+    group_rank: int | None = None
+    node_addr: str | None = None
+
+    @property
+    def node_label(self) -> str:
+        """``host (node 1, 10.0.0.2)``, or the hostname alone outside a multi-node job."""
+        extra = [f"node {self.group_rank}"] if self.group_rank is not None else []
+        if self.node_addr and self.node_addr != self.node:
+            extra.append(self.node_addr)
+        return f"{self.node} ({', '.join(extra)})" if extra else self.node
 
     def __post_init__(self) -> None:
         if self.signal is None and self.exitcode is not None and self.exitcode < 0:
@@ -157,6 +169,8 @@ class WorkerFailure:
             "timestamp": self.timestamp,
             "error_file": self.error_file,
             "stderr_tail": list(self.stderr_tail),
+            "group_rank": self.group_rank,
+            "node_addr": self.node_addr,
         }
 
     @classmethod
@@ -173,7 +187,64 @@ class WorkerFailure:
             timestamp=data["timestamp"],
             error_file=data.get("error_file"),
             stderr_tail=list(data.get("stderr_tail") or []),
+            group_rank=data.get("group_rank"),
+            node_addr=data.get("node_addr"),
         )
+
+
+#: States of a worker in :class:`RankState`.
+RANK_STATES = ("failed", "killed by the agent", "succeeded", "running")
+
+
+@dataclass
+class RankState:
+    """One worker of this node at the end of the job: what became of it.
+
+    ``state`` is one of :data:`RANK_STATES`: it ``failed`` on its own, was ``killed by the
+    agent`` (stopped because the job was ending), ``succeeded``, or is still ``running``.
+    ``returncode`` is as :mod:`subprocess` reports it (``-n`` for signal ``n``).
+    """
+
+    rank: int
+    local_rank: int
+    pid: int | None
+    state: str
+    returncode: int | None = None
+
+    def exit_text(self) -> str:
+        code = self.returncode
+        if code is None:
+            return "-"
+        return f"signal {signal_name(-code)}" if code < 0 else f"exit code {code}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "pid": self.pid,
+            "state": self.state,
+            "returncode": self.returncode,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RankState:
+        return cls(data["rank"], data["local_rank"], data.get("pid"), data["state"], data.get("returncode"))
+
+
+def render_ranks(ranks: Sequence[RankState], heading: str) -> list[str]:
+    """``heading`` and a table of ``ranks`` (rank, local rank, pid, state, exit)."""
+    header = ("rank", "local", "pid", "state", "exit")
+    rows = [
+        (str(r.rank), str(r.local_rank), str(r.pid) if r.pid is not None else "-", r.state, r.exit_text())
+        for r in sorted(ranks, key=lambda r: r.rank)
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
+        return ("  " + "  ".join([*cells, row[-1]])).rstrip()
+
+    return [heading, line(header), *(line(row) for row in rows)]
 
 
 class ErrorFileError(ValueError):
@@ -387,6 +458,14 @@ class FailureReport:
     failures: list[ReportedFailure]
     title: str = "workers failed"
     created: float = 0.0
+    #: When the workers were stopped because of a hang: :meth:`launcher.hangs.report.HangReport.to_dict`.
+    hang: dict[str, Any] | None = None
+    #: Every worker of the node that writes the report, with its state (multi-node jobs).
+    node_ranks: list[RankState] = field(default_factory=list)
+    #: What the node that writes the report is (``host (node 1, 10.0.0.2)``), for its ranks' heading.
+    this_node: str = ""
+    #: One-line notes shown under the title (a store that is gone, a node that was lost).
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.failures:
@@ -437,11 +516,19 @@ class FailureReport:
     def render(self) -> str:
         """The report as text for the console: root cause in full, the others in a table."""
         heavy, light = "=" * _RULE_WIDTH, "-" * _RULE_WIDTH
-        lines = [heavy, f"launcher: {self.title}", light, "Root cause (first failure):"]
+        lines = [heavy, f"launcher: {self.title}"]
+        lines += [f"  {note}" for note in self.notes]
+        lines.append(light)
+        if self.hang:
+            lines += _render_hang(self.hang) + [light]
+        lines.append("Root cause (first failure):")
         lines += _render_root(self.root_cause)
         if self.others:
             lines += [light, f"Other failures ({len(self.others)}):"]
             lines += _render_table(self.others)
+        if self.node_ranks:
+            where = f" ({self.this_node})" if self.this_node else ""
+            lines += [light, *render_ranks(self.node_ranks, f"Ranks on this node{where}:")]
         lines.append(heavy)
         return "\n".join(lines)
 
@@ -457,6 +544,10 @@ class FailureReport:
             "created": self.created,
             "root_cause": self.root_cause.to_dict(),
             "other_failures": [entry.to_dict() for entry in self.others],
+            **({"hang": self.hang} if self.hang else {}),
+            "node_ranks": [r.to_dict() for r in self.node_ranks],
+            "this_node": self.this_node,
+            "notes": list(self.notes),
         }
 
     @classmethod
@@ -472,7 +563,15 @@ class FailureReport:
             )
         entries = [ReportedFailure.from_dict(data["root_cause"])]
         entries += [ReportedFailure.from_dict(item) for item in data.get("other_failures", [])]
-        return cls(entries, title=data.get("title", "workers failed"), created=data.get("created", 0.0))
+        return cls(
+            entries,
+            title=data.get("title", "workers failed"),
+            created=data.get("created", 0.0),
+            hang=data.get("hang"),
+            node_ranks=[RankState.from_dict(r) for r in data.get("node_ranks") or []],
+            this_node=data.get("this_node", ""),
+            notes=list(data.get("notes") or []),
+        )
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_dict` to ``path`` (through a temporary file, so readers never see half)."""
@@ -508,7 +607,7 @@ def _render_root(entry: ReportedFailure) -> list[str]:
     failure = entry.failure
     lines = [
         _field("time", format_time(entry.time)),
-        _field("node", failure.node),
+        _field("node", failure.node_label),
         _field("rank", f"{failure.rank} (local rank {failure.local_rank}, role {failure.role})"),
         _field("pid", str(failure.pid)),
         _field("exit", entry.exit_description()),
@@ -548,12 +647,34 @@ def _render_root(entry: ReportedFailure) -> list[str]:
     return lines
 
 
+def _render_hang(hang: Mapping[str, Any]) -> list[str]:
+    """The hang that stopped the workers: hung ranks, and every rank's place by identical stack."""
+    hung = hang.get("hung_ranks") or []
+    lines = [_field("hang", f"detected by {hang.get('detected_by')}: {hang.get('reason')}")]
+    lines.append(_field("hung ranks", ", ".join(str(rank) for rank in hung) or "none named"))
+    lines.append("  where every rank was (main thread, innermost call first):")
+    for group in hang.get("groups") or []:
+        ranks = group.get("ranks") or []
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
+        lines.append(f"    {label}: {group.get('stack')}")
+    for node in hang.get("nodes") or []:
+        if node.get("stacks_file"):
+            lines.append(_field("stacks", f"{node['stacks_file']} (on {node.get('node')})"))
+    return lines
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    from launcher.hangs.report import rank_ranges
+
+    return rank_ranges(ranks)
+
+
 def _render_table(entries: Sequence[ReportedFailure]) -> list[str]:
     header = ("time", "node", "rank", "local", "pid", "exit", "error")
     rows = [
         (
             format_time(entry.time),
-            entry.failure.node,
+            entry.failure.node_label,
             str(entry.failure.rank),
             str(entry.failure.local_rank),
             str(entry.failure.pid),

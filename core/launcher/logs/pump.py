@@ -12,6 +12,10 @@ One thread reads every worker pipe through a selector. What each destination get
   longer than :data:`MAX_PENDING` bytes is shown in pieces of that size, to bound memory.
 * **Filtered files** (``--duplicate-*-filters``) and **line sinks** (:mod:`launcher.logs.sink`)
   get whole lines, as the console does.
+* **Live streams** (a worker pty, :mod:`launcher.logs.terminal`, shown on a terminal console)
+  reach the console as they arrive, unfinished lines included, through a
+  :class:`~launcher.logs.screen.Screen` that keeps the streams sharing a terminal from tearing
+  each other's lines. Files, filtered files and sinks get what they get from a pipe.
 
 Each stream has a single reader, so its order is kept everywhere. A failing destination (a full
 disk, a closed console, a broken sink) is reported once and dropped; the others go on.
@@ -33,15 +37,55 @@ import selectors
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from launcher.logs.screen import Screen
 from launcher.logs.sink import SinkDestination, SinkWriter
 
-#: Held for every write to the agent's own stdout/stderr, by the pump and by the agent's log
-#: messages alike, so a launcher message never lands inside a worker's line.
-CONSOLE_LOCK = threading.Lock()
+
+class ConsoleLock:
+    """Held for every write to the agent's own stdout/stderr, by the pump and by the agent's log
+    messages alike, so a launcher message never lands inside a worker's line.
+
+    Entering it (``with CONSOLE_LOCK:``) also takes a live worker line (a progress bar) off each
+    terminal for the time of the message and draws it again after it. The pump itself holds
+    :attr:`lock`, the plain lock, and manages the screens itself.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: The terminals live worker output is shown on, by device.
+        self.screens: dict[int, Screen] = {}
+
+    def __enter__(self) -> ConsoleLock:
+        self.lock.acquire()
+        for screen in self.screens.values():
+            _write_all(screen.fd, screen.hide())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for screen in self.screens.values():
+                _write_all(screen.fd, screen.show())
+        finally:
+            self.lock.release()
+
+    def screen(self, fd: int) -> Screen:
+        """The screen of the terminal ``fd`` writes to (one for stdout and stderr on the same one)."""
+        try:
+            device = os.fstat(fd).st_rdev
+        except OSError:
+            device = -fd - 1
+        found = self.screens.get(device)
+        if found is None:
+            found = self.screens[device] = Screen(fd)
+        return found
+
+
+#: The console lock (see :class:`ConsoleLock`).
+CONSOLE_LOCK = ConsoleLock()
 
 log = logging.getLogger("launcher.logs")
 
@@ -94,6 +138,11 @@ class StreamRoute:
     filtered_file: BinaryIO | None = None
     #: Keep the last :data:`TAIL_BYTES` for failure reports.
     keep_tail: bool = False
+    #: Show console output as it arrives, unfinished lines included (a worker pty on a terminal
+    #: console); otherwise the console gets whole lines.
+    live: bool = False
+    #: Called (on the pump thread) whenever the stream carried output: hang watching by output.
+    on_output: Callable[[], None] | None = None
 
 
 @dataclass
@@ -108,6 +157,9 @@ class _Stream:
     cut_mid_line: bool = False
     tail: bytearray = field(default_factory=bytearray)
     done: threading.Event = field(default_factory=threading.Event)
+    live: bool = False
+    #: A pty master: reads return at most one line-discipline buffer (4 KiB) at a time.
+    terminal: bool = False
     #: Destinations still working (a failing one is dropped).
     raw_file: BinaryIO | None = None
     sink: SinkWriter | None = None
@@ -116,6 +168,7 @@ class _Stream:
 
     def __post_init__(self) -> None:
         route = self.route
+        self.live = route.live and route.console_fd is not None
         if isinstance(route.file, SinkWriter):
             self.sink = route.file
         else:
@@ -126,7 +179,8 @@ class _Stream:
 
     @property
     def wants_lines(self) -> bool:
-        return self.console_fd is not None or self.sink is not None or self.filtered_file is not None
+        return (self.console_fd is not None and not self.live) or self.sink is not None or \
+            self.filtered_file is not None
 
 
 def _enlarge_pipe(fd: int) -> None:
@@ -150,6 +204,8 @@ class OutputPump:
         self._stopping = False
         #: Console output of the current round, per descriptor, written once at the round's end.
         self._console: dict[int, list[bytes]] = {}
+        #: Output of live streams in the current round, in order (``None``: the stream ended).
+        self._live: list[tuple[_Stream, bytes | None]] = []
         self._reported: set[int] = set()
         self._last_flush = time.monotonic()
         #: Held around every console write; others writing to fds 1/2 should hold it too.
@@ -158,10 +214,12 @@ class OutputPump:
         self._thread.start()
 
     def add(self, fd: int, route: StreamRoute) -> _Stream:
-        """Start reading the pipe ``fd`` (its read end; the pump closes it at end of stream)."""
+        """Start reading the pipe ``fd`` (its read end, or a pty's master; closed at end of stream)."""
         os.set_blocking(fd, False)
-        _enlarge_pipe(fd)
         stream = _Stream(fd, route)
+        stream.terminal = os.isatty(fd)
+        if not stream.terminal:
+            _enlarge_pipe(fd)
         with self._lock:
             self._pending.append(stream)
         self._wake()
@@ -181,9 +239,15 @@ class OutputPump:
         return True
 
     def tail(self, stream: _Stream, lines: int = 20) -> list[str]:
-        """The last ``lines`` lines a stream carried (when it kept a tail), decoded leniently."""
+        """The last ``lines`` lines a stream carried (when it kept a tail), decoded leniently.
+
+        A line redrawn with ``\r`` (a progress bar) counts once, as its last frame.
+        """
         text = bytes(stream.tail).decode("utf-8", "replace")
-        return text.splitlines()[-lines:]
+        shown = [_last_frame(line) for line in text.split("\n")]
+        if shown and not shown[-1]:
+            shown.pop()
+        return shown[-lines:]
 
     def close(self, timeout: float = 5.0) -> None:
         """Route what is left, close every stream, and stop the thread."""
@@ -219,6 +283,7 @@ class OutputPump:
                 return
             events = self._selector.select(0.05 if self._stopping else 0.5)
             moved = 0
+            from_terminal = False
             for key, _ in events:
                 stream = key.data
                 if stream is None:
@@ -226,7 +291,9 @@ class OutputPump:
                         os.read(self._wake_r, 4096)
                     continue
                 try:
-                    moved += self._read(stream)
+                    read = self._read(stream)
+                    moved += read
+                    from_terminal = from_terminal or (read > 0 and stream.terminal)
                 except Exception:  # a bug here must not silence every worker
                     if id(stream) not in self._reported:
                         self._reported.add(id(stream))
@@ -237,7 +304,8 @@ class OutputPump:
                 self._flush_files()
                 self._last_flush = now
             if moved:
-                if not self._stopping:
+                # A pty holds no more than 4 KiB for us: waiting for more would only slow it down.
+                if not self._stopping and not from_terminal:
                     time.sleep(COALESCE_S)
             elif self._stopping and not events:
                 return
@@ -252,10 +320,30 @@ class OutputPump:
         if not chunk:
             self._finish(stream)
             return 0
+        if stream.terminal:
+            chunk = self._read_more(stream, chunk)
         self._deliver(stream, chunk)
         return len(chunk)
 
+    @staticmethod
+    def _read_more(stream: _Stream, chunk: bytes) -> bytes:
+        """Read on from a pty while it has more (each read gives at most 4 KiB), up to READ_SIZE."""
+        parts = [chunk]
+        size = len(chunk)
+        while size < READ_SIZE:
+            try:
+                more = os.read(stream.fd, READ_SIZE - size)
+            except OSError:  # empty for now (EAGAIN), or closed (EIO): the next round sees which
+                break
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return b"".join(parts) if len(parts) > 1 else chunk
+
     def _deliver(self, stream: _Stream, chunk: bytes) -> None:
+        if stream.route.on_output is not None:
+            stream.route.on_output()
         if stream.raw_file is not None:
             try:
                 stream.raw_file.write(chunk)
@@ -266,6 +354,8 @@ class OutputPump:
             tail += chunk[-TAIL_BYTES:]
             if len(tail) > TAIL_BYTES:
                 del tail[: len(tail) - TAIL_BYTES]
+        if stream.live:
+            self._live.append((stream, chunk))
         if not stream.wants_lines:
             return
         data = stream.pending + chunk if stream.pending else chunk
@@ -291,7 +381,7 @@ class OutputPump:
     def _lines(self, stream: _Stream, lines: bytes) -> None:
         """Send complete lines (``lines`` ends with a newline) to the line-wise destinations."""
         route = stream.route
-        if stream.console_fd is not None:
+        if stream.console_fd is not None and not stream.live:
             prefix = route.prefix
             text = prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n" if prefix else lines
             self._console.setdefault(stream.console_fd, []).append(text)
@@ -323,13 +413,30 @@ class OutputPump:
             log.warning("worker output: stopped writing to %s: %s: %s", name, type(exc).__name__, exc)
 
     def _write_console(self) -> None:
-        if not self._console:
-            return
-        batches, self._console = self._console, {}
-        for fd, parts in batches.items():
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
-            with self.console_lock:
-                _write_all(fd, data)
+        if self._console:
+            batches, self._console = self._console, {}
+            for fd, parts in batches.items():
+                data = parts[0] if len(parts) == 1 else b"".join(parts)
+                with self.console_lock:
+                    _write_all(fd, data)
+        if self._live:
+            self._write_live()
+
+    def _write_live(self) -> None:
+        items, self._live = self._live, []
+        with self.console_lock.lock:
+            # The screens change as they render: render and write under the lock, so a launcher
+            # message taking the lock always finds the screen as its state says.
+            out: dict[int, list[bytes]] = {}
+            for stream, chunk in items:
+                assert stream.console_fd is not None
+                screen = self.console_lock.screen(stream.console_fd)
+                key = id(stream)
+                data = screen.end(key) if chunk is None else screen.write(key, stream.route.prefix, chunk)
+                if data:
+                    out.setdefault(screen.fd, []).append(data)
+            for fd, parts in out.items():
+                _write_all(fd, b"".join(parts))
 
     def _finish(self, stream: _Stream) -> None:
         if stream.done.is_set():
@@ -346,6 +453,8 @@ class OutputPump:
         if stream.pending:
             data, stream.pending = stream.pending, b""
             self._lines(stream, data + b"\n")
+        if stream.live:
+            self._live.append((stream, None))  # its unfinished line, if any, is shown for good
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(stream.fd)
         self._streams.pop(stream.fd, None)
@@ -368,6 +477,13 @@ class OutputPump:
                         pass  # closed under us, or the disk is full: reported on the next write
                     except Exception as exc:
                         self._drop(stream, "sink", exc)
+
+
+def _last_frame(line: str) -> str:
+    if "\r" not in line:
+        return line
+    frames = [frame for frame in line.split("\r") if frame]
+    return frames[-1] if frames else ""
 
 
 def _write_all(fd: int, data: bytes) -> None:

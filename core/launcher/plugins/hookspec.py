@@ -1,4 +1,4 @@
-"""Hook specifications: the five kinds of plugin launcher accepts.
+"""Hook specifications: the six kinds of plugin launcher accepts.
 
 A plugin is any module or object with functions decorated by :data:`launcher.plugins.hookimpl`
 and named after one of the hooks below. It is found through the ``launcher`` entry-point group::
@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import pluggy
 
 from launcher.plugins.types import (
+    ClusterEnvironment,
     DeviceProvider,
     EventHandler,
     LogsSpecsProvider,
@@ -149,6 +150,33 @@ class LauncherSpecs:
                 )
         """
 
+    @hookspec
+    def launcher_cluster_environments(self) -> Iterable[ClusterEnvironment]:  # type: ignore[empty-body]
+        """Register cluster environments (``--cluster NAME``): schedulers whose variables describe the job.
+
+        Example, a scheduler that exports ``GRID_NODES``, ``GRID_NODE_INDEX`` and ``GRID_HEAD``::
+
+            from launcher.clusters import ClusterInfo, derived_port
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import ClusterEnvironment
+
+            def _detect(environ):
+                if "GRID_JOB" not in environ:
+                    return None
+                return ClusterInfo(
+                    scheduler="Grid", job=f"job {environ['GRID_JOB']}",
+                    nnodes=int(environ["GRID_NODES"]), node_rank=int(environ["GRID_NODE_INDEX"]),
+                    master_addr=environ["GRID_HEAD"], master_port=derived_port(environ["GRID_JOB"]),
+                    run_id=f"grid-{environ['GRID_JOB']}",
+                    sources={"nnodes": "GRID_NODES", "node_rank": "GRID_NODE_INDEX"},
+                )
+
+            @hookimpl
+            def launcher_cluster_environments():
+                yield ClusterEnvironment(name="grid", description="Grid jobs (GRID_JOB)",
+                                         detect=_detect, variables=("GRID_JOB",))
+        """
+
 
 #: Hook name for each registration kind, in the order listings show them.
 HOOKS_BY_KIND: dict[str, str] = {
@@ -157,4 +185,5 @@ HOOKS_BY_KIND: dict[str, str] = {
     "event handler": "launcher_event_handlers",
     "numa strategy": "launcher_numa_strategies",
     "device provider": "launcher_device_providers",
+    "cluster environment": "launcher_cluster_environments",
 }

@@ -293,13 +293,30 @@ class LauncherPluginManager(pluggy.PluginManager):
                     f"{kind} {name!r} comes from plugin {failed.describe()}, which failed to load: "
                     f"{failed.error}"
                 )
-        choices = ", ".join(sorted(found)) or "none"
-        hint = f"; is the plugin installed? (pip install launcher-{key})" if _looks_like_name(key) else ""
+        raise PluginNotFoundError(self._not_found_message(kind, name, sorted(found)))
+
+    def _not_found_message(self, kind: str, name: str, names: list[str]) -> str:
+        """``unknown KIND 'x': did you mean ...? choose one of ...``, plus where a known name comes from."""
+        import difflib
+
+        from launcher.values import quote
+
+        key = name.strip().lower()
+        close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)  # closest first
+        guess = f"did you mean {' or '.join(close)}? " if close else ""
+        message = f"unknown {kind} {quote(name)}: {guess}choose one of {', '.join(names) or 'none'}"
+        hint = ""
+        distribution = KNOWN_DISTRIBUTIONS.get((kind, key))
+        if distribution is not None:
+            hint = (
+                f"; {key!r} is provided by the {distribution} distribution: pip install {distribution} "
+                f"(from a launcher checkout: pip install ./plugins/{distribution})"
+            )
         if self._failures:
             # One of them may be what the user meant: say so rather than only "unknown".
             broken = ", ".join(failed.describe() for failed in self._failures)
             hint += f"; plugins that failed to load: {broken} (LAUNCHER_PLUGIN_TRACEBACKS=1 shows why)"
-        raise PluginNotFoundError(f"unknown {kind} {name!r}: choose one of {choices}{hint}")
+        return message + hint
 
 
 class _TorchrunHandler:
@@ -317,8 +334,15 @@ class _TorchrunHandler:
         return self._creator(params)
 
 
-def _looks_like_name(name: str) -> bool:
-    return bool(name) and all(c.isalnum() or c in "-_." for c in name)
+#: Names provided by the plugin distributions shipped in this repository's ``plugins/``: a miss
+#: on one of them names the distribution to install. Only real distributions are listed; an
+#: unknown name gets no install hint, since any package name made up from it could be anyone's.
+KNOWN_DISTRIBUTIONS: Mapping[tuple[str, str], str] = {
+    ("rendezvous backend", "etcd"): "launcher-etcd",
+    ("rendezvous backend", "etcd-v2"): "launcher-etcd",
+    ("event handler", "webhook"): "launcher-webhook",
+    ("logs specs", "jsonlogs"): "launcher-jsonlogs",
+}
 
 
 def get_plugin_manager(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from launcher.clusters.api import ClusterInfo
     from launcher.events.model import EventSink
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
     from launcher.store.api import KeyValueStore
@@ -77,6 +78,11 @@ class RendezvousBackend(Registration):
     create_store: Callable[[RendezvousParameters], KeyValueStore] | None = field(default=None, kw_only=True)
     #: ``--rdzv-conf`` keys this backend understands beyond the core's own; ``None`` accepts any.
     config_keys: frozenset[str] | None = field(default=None, kw_only=True)
+    #: Optional: checks the endpoint and every ``--rdzv-conf`` value before anything starts,
+    #: raising :class:`~launcher.rendezvous.api.RendezvousConfigError` (one line, exit status 2).
+    #: It must be cheap and must not connect anywhere. Without it, a store-only backend's values
+    #: are checked as the core's rendezvous reads them.
+    check_parameters: Callable[[RendezvousParameters], None] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -166,7 +172,29 @@ class DeviceProvider(Registration):
     choose: Callable[[list[DeviceProvider]], DeviceProvider] | None = field(default=None, kw_only=True)
 
 
+@dataclass(frozen=True)
+class ClusterEnvironment(Registration):
+    """A scheduler whose environment describes the job (``--cluster NAME``; ``auto`` tries them all).
+
+    ``detect`` is called with the process environment (a mapping it must not change) and
+    returns a :class:`~launcher.clusters.api.ClusterInfo` when the environment is this
+    scheduler's, ``None`` otherwise. It runs on every launch that does not say ``--cluster none``,
+    so it must be quick and import nothing heavy. Every node of one job must derive the same
+    node count, endpoint and run id from its own environment, and a distinct node rank.
+    ``priority`` orders the environments ``auto`` tries (lowest first; the built-ins use 10 to
+    40: MPI before Slurm, since an MPI rank inside Slurm sees both). ``variables`` names the
+    variables that mark the scheduler, for messages and ``launcher plugins``.
+    """
+
+    kind: ClassVar[str] = "cluster environment"
+
+    detect: Callable[[Mapping[str, str]], ClusterInfo | None] = field(kw_only=True)
+    priority: int = field(default=100, kw_only=True)
+    variables: tuple[str, ...] = field(default=(), kw_only=True)
+
+
 #: Every registration class, keyed by the kind name used in listings and errors.
 REGISTRATION_TYPES: Mapping[str, type[Registration]] = {
-    cls.kind: cls for cls in (RendezvousBackend, LogsSpecsProvider, EventHandler, NumaStrategy, DeviceProvider)
+    cls.kind: cls
+    for cls in (RendezvousBackend, LogsSpecsProvider, EventHandler, NumaStrategy, DeviceProvider, ClusterEnvironment)
 }

@@ -53,22 +53,28 @@ class RendezvousParameters:
         return self.config.get(key, default)
 
     def get_as_int(self, key: str, default: int) -> int:
+        """``key`` as an ASCII decimal integer; ``default`` when absent or empty."""
         value = self.config.get(key)
         if value is None or value == "":
             return default
-        try:
-            return int(value)
-        except ValueError:
-            raise RendezvousConfigError(f"--rdzv-conf {key}={value!r} must be an integer") from None
+        from launcher.values import quote, read_int
+
+        number = read_int(value)
+        if number is None:
+            raise RendezvousConfigError(f"--rdzv-conf {key}={quote(value)} must be an integer")
+        return number
 
     def get_as_float(self, key: str, default: float) -> float:
+        """``key`` as a finite number (ASCII); ``default`` when absent or empty."""
         value = self.config.get(key)
         if value is None or value == "":
             return default
-        try:
-            return float(value)
-        except ValueError:
-            raise RendezvousConfigError(f"--rdzv-conf {key}={value!r} must be a number of seconds") from None
+        from launcher.values import quote, read_float
+
+        number = read_float(value)
+        if number is None:
+            raise RendezvousConfigError(f"--rdzv-conf {key}={quote(value)} must be a finite number")
+        return number
 
     def get_as_bool(self, key: str, default: bool | None = None) -> bool | None:
         value = self.config.get(key)
@@ -79,7 +85,7 @@ class RendezvousParameters:
             return True
         if lowered in _FALSE:
             return False
-        raise RendezvousConfigError(f"--rdzv-conf {key}={value!r} must be true or false")
+        raise RendezvousConfigError(f"--rdzv-conf {key}={value!r} must be true or false (or 1 or 0)")
 
 
 @dataclass

@@ -1,14 +1,19 @@
-"""The ``c10d`` rendezvous backend: the core's algorithm over torch's TCPStore.
+"""The ``c10d`` rendezvous backend: the core's algorithm over launcher's own TCPStore.
 
-The node whose address the endpoint names (``is_host``) serves a TCPStore on the endpoint's
-port; every node, host included, runs :class:`~launcher.rendezvous.dynamic.DynamicRendezvousHandler`
-over it, and the workers use the same store (``MASTER_ADDR``/``MASTER_PORT`` = the endpoint), so
-it is served before any worker needs it and no second port is ever picked.
+The node whose address the endpoint names (``is_host``) serves launcher's pure-Python
+:class:`~launcher.store.server.StoreServer` on the endpoint's port; every node, host included,
+runs :class:`~launcher.rendezvous.dynamic.DynamicRendezvousHandler` over a
+:class:`~launcher.store.client.TCPStoreClient` connected to it. The server speaks torch's TCPStore
+protocol, so a torch client reaches it as well; no agent imports torch (``import torch`` costs
+about 1.5 s of CPU per agent). Only ``store_type=file`` uses torch (its FileStore).
 
-This is the only rendezvous module that imports torch, and only inside :func:`create_handler`.
-Before torch sees the endpoint it is resolved and probed with plain sockets, so a missing,
-unresolvable or unreachable endpoint ends in one :class:`RendezvousError` sentence within
-``join_timeout`` instead of torch's retry loop and C++ traces.
+Before the client connects, the endpoint is resolved and probed with plain sockets, so a
+missing, unresolvable or unreachable endpoint ends in one :class:`RendezvousError` sentence
+within ``join_timeout``.
+
+The host serves until every participant of the last round has left or ``close_timeout``
+passes (see :meth:`DynamicRendezvousHandler.shutdown`), so no node ever talks to a store that
+has already been shut down.
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import ipaddress
 import logging
 import socket
 import time
-from datetime import timedelta
 from typing import Any
 
 from launcher.errors import UsageError
@@ -27,7 +31,7 @@ from launcher.rendezvous.api import RendezvousConfigError, RendezvousError, Rend
 from launcher.rendezvous.config import CONFIG_KEYS, DynamicRendezvousConfig
 from launcher.rendezvous.dynamic import DynamicRendezvousHandler
 from launcher.rendezvous.endpoint import format_endpoint, parse_endpoint
-from launcher.rendezvous.torch_store import TorchStore
+from launcher.store.api import KeyValueStore, StoreError
 
 __all__ = ["DEFAULT_PORT", "create_handler", "is_local_host", "parse_c10d_endpoint"]
 
@@ -36,6 +40,8 @@ log = logging.getLogger("launcher.rendezvous")
 #: torchrun's default port for the c10d endpoint.
 DEFAULT_PORT = 29400
 _PROGRESS_INTERVAL = 10.0
+#: Seconds a dropped connection to the store is retried before a call fails.
+_RECONNECT_TIMEOUT = 5.0
 
 
 def parse_c10d_endpoint(endpoint: str) -> tuple[str, int]:
@@ -173,74 +179,77 @@ def wait_until_reachable(host: str, port: int, timeout: float, run_id: str = "")
         delay = min(delay * 2, 1.0)
 
 
-def _serve(host: str, port: int, read_timeout: float) -> Any:
-    import torch.distributed as dist
+def _serve(port: int) -> Any:
+    """launcher's store server on ``port`` of every interface (as torch's TCPStore master binds)."""
+    from launcher.store.server import StoreServer
 
-    # multi_tenant lets several handlers of one process (tests, simulations) share the server.
-    return dist.TCPStore(
-        host,
-        port,
-        is_master=True,
-        wait_for_workers=False,
-        multi_tenant=True,
-        timeout=timedelta(seconds=read_timeout),
-    )
+    return StoreServer("", port).start()
 
 
-def _connect(host: str, port: int, config: DynamicRendezvousConfig, run_id: str) -> Any:
+def _connect(host: str, port: int, config: DynamicRendezvousConfig, run_id: str) -> KeyValueStore:
+    from launcher.store.client import TCPStoreClient
+
     start = time.monotonic()
     wait_until_reachable(host, port, config.join_timeout, run_id)
-    import torch.distributed as dist
-
     left = max(1.0, config.join_timeout - (time.monotonic() - start))
     try:
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=left))
-    except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        client = TCPStoreClient(host, port, timeout=config.read_timeout, connect_timeout=left)
+    except (StoreError, OSError) as exc:
         raise RendezvousError(
-            f"reached {format_endpoint(host, port)} but could not open the rendezvous store there: {first}. "
+            f"reached {format_endpoint(host, port)} but could not open the rendezvous store there: {exc}. "
             "Is another program listening on that port?"
         ) from None
-    store.set_timeout(timedelta(seconds=config.read_timeout))
-    return store
+    # Once connected, a dropped connection is retried briefly: a store that refuses for
+    # seconds is gone (its host died), and the agent should say so rather than wait.
+    client.connect_timeout = min(config.read_timeout, _RECONNECT_TIMEOUT)
+    return client
+
+
+def _in_use(exc: BaseException) -> bool:
+    cause = exc if isinstance(exc, OSError) else exc.__cause__
+    return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
 def open_store(
     host: str, port: int, *, is_host: bool, explicit: bool, config: DynamicRendezvousConfig, run_id: str = ""
-) -> tuple[Any, bool]:
-    """A TCPStore for the endpoint: served here when ``is_host``, else a client; and whether served.
+) -> tuple[KeyValueStore, Any]:
+    """A client of the endpoint's store, and the server when this node serves it (else ``None``).
 
     A guessed host finding the port busy (another agent of this machine serves it) connects as
     a client instead; an explicit ``is_host=1`` finding it busy is an error.
     """
     if is_host:
-        # Someone already serving (another agent on this machine) answers a connect: join it
-        # rather than fail to bind (torch logs a C++ trace for that).
+        # Someone already serving (another agent on this machine) answers a connect: join it.
         if port and not explicit and _accepts(_resolve(host, port), 0.5) is None:
             log.info("rendezvous %r: %s is already served on this machine; connecting to it", run_id, host)
-            return _connect(host, port, config, run_id), False
+            return _connect(host, port, config, run_id), None
         try:
-            store = _serve(host, port, config.read_timeout)
-            log.info("rendezvous %r: this node serves the store on port %d", run_id, store.port)
-            return store, True
-        except (RuntimeError, ValueError, OSError) as exc:
-            text = str(exc)
-            if explicit or "EADDRINUSE" not in text:
-                first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            server = _serve(port)
+        except (StoreError, OSError) as exc:
+            if explicit or not _in_use(exc):
                 raise RendezvousError(
-                    f"cannot serve the rendezvous store on port {port}: {first}. Choose a free port in "
+                    f"cannot serve the rendezvous store on port {port}: {exc}. Choose a free port in "
                     "--rdzv-endpoint, or stop the program that uses it"
                 ) from None
+        else:
+            log.info("rendezvous %r: this node serves the store on port %d", run_id, server.port)
+            try:
+                return _connect(host, server.port, config, run_id), server
+            except BaseException:
+                server.close()
+                raise
     if port == 0:
         raise RendezvousConfigError(
             "--rdzv-endpoint with port 0 works only on the node that serves the store (--standalone or "
             "is_host=1); give the other nodes a fixed port"
         )
-    return _connect(host, port, config, run_id), False
+    return _connect(host, port, config, run_id), None
 
 
 def _file_handler(params: RendezvousParameters, config: DynamicRendezvousConfig) -> DynamicRendezvousHandler:
     import torch.distributed as dist
+
+    from launcher.rendezvous.torch_store import TorchStore
 
     if not params.endpoint.strip():
         raise RendezvousError("store_type=file needs --rdzv-endpoint naming the store's file (shared by every node)")
@@ -261,7 +270,8 @@ def _file_handler(params: RendezvousParameters, config: DynamicRendezvousConfig)
 
 
 def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
-    """The c10d rendezvous handler for ``params`` (torch's TCPStore, or FileStore with store_type=file).
+    """The c10d rendezvous handler for ``params`` (launcher's TCPStore, or torch's FileStore with
+    store_type=file).
 
     Raises :class:`RendezvousConfigError` for invalid ``--rdzv-conf`` and :class:`RendezvousError`
     when the endpoint is missing, unresolvable or unreachable within ``join_timeout``.
@@ -272,14 +282,16 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     host, port = parse_c10d_endpoint(params.endpoint)
     explicit = config.is_host is not None
     is_host = bool(config.is_host) if explicit else is_local_host(host, params.local_addr)
-    store, served = open_store(host, port, is_host=is_host, explicit=explicit, config=config, run_id=params.run_id)
+    store, server = open_store(host, port, is_host=is_host, explicit=explicit, config=config, run_id=params.run_id)
     return DynamicRendezvousHandler(
-        TorchStore(store),
+        store,
         run_id=params.run_id,
         min_nodes=params.min_nodes,
         max_nodes=params.max_nodes,
         config=config,
         local_addr=params.local_addr,
-        is_host=served,
+        is_host=server is not None,
         backend_name="c10d",
+        store_address=format_endpoint(host, server.port if server is not None else port),
+        on_shutdown=server.close if server is not None else None,
     )

@@ -95,6 +95,8 @@ class _Membership:
     local_world_sizes: list[int | None]
     #: Join indexes 1..count were considered by the closer; later ones are waiting.
     count: int
+    #: Group rank of the participant that serves the store, if one does.
+    host_rank: int | None = None
 
 
 class _Keys:
@@ -465,7 +467,13 @@ class DynamicRendezvousHandler:
     (settable before each round) is shared with the other nodes and comes back in
     ``RendezvousInfo.local_world_sizes``.
     ``progress_interval`` is the period of "still waiting" messages on the
-    ``launcher.rendezvous`` logger. ``on_shutdown`` runs once in :meth:`shutdown`.
+    ``launcher.rendezvous`` logger. ``on_shutdown`` runs once in :meth:`shutdown` (the c10d
+    host stops its store server there). ``store_address`` (``host:port``) names the store in
+    messages and lets :meth:`store_problem` probe it.
+
+    A node that serves the store (``is_host``) keeps serving in :meth:`shutdown` until every
+    other participant of its round has left (or is lost, or ``close_timeout`` passes): see
+    "Leaving" in docs/rendezvous.md.
     """
 
     def __init__(
@@ -484,6 +492,7 @@ class DynamicRendezvousHandler:
         backend_name: str = "dynamic",
         progress_interval: float = 10.0,
         on_shutdown: Callable[[], None] | None = None,
+        store_address: str | None = None,
     ) -> None:
         if not run_id:
             raise RendezvousError("the rendezvous needs a non-empty run id (--rdzv-id)")
@@ -501,6 +510,10 @@ class DynamicRendezvousHandler:
         self._backend_name = backend_name
         self.progress_interval = progress_interval
         self._on_shutdown = on_shutdown
+        self._store_address = store_address
+        self._store_gone = False
+        #: Why this node's last next_rendezvous failed (shared by set_closed).
+        self._failure: str | None = None
         self._keys = _Keys(run_id)
         self._ops = _Ops(store, run_id, self._config.read_timeout)
         self._current: _Membership | None = None
@@ -548,8 +561,12 @@ class DynamicRendezvousHandler:
         self._leave(rejoin=True)
         r = self._first_round(previous)
         outcome: _Membership | int = r
-        while not isinstance(outcome, _Membership):
-            outcome = self._attempt(outcome, deadline, previous)
+        try:
+            while not isinstance(outcome, _Membership):
+                outcome = self._attempt(outcome, deadline, previous)
+        except RendezvousTimeoutError as exc:
+            self._failure = str(exc)
+            raise
         membership = outcome
         self._current = membership
         self._was_rank0 = membership.rank == 0
@@ -612,7 +629,15 @@ class DynamicRendezvousHandler:
         return int(raw)
 
     def _closed_error(self) -> RendezvousClosedError:
-        return RendezvousClosedError(f"rendezvous {self._run_id!r} is closed: the job has ended")
+        why = ""
+        try:
+            if self._ops.check([self._keys.closed]):
+                raw = self._ops.get(self._keys.closed)
+                if raw not in (b"", b"1"):
+                    why = f" ({raw.decode(errors='replace')})"
+        except (RendezvousError, StoreError):
+            pass  # the reason is a courtesy: the job has ended all the same
+        return RendezvousClosedError(f"rendezvous {self._run_id!r} is closed: the job has ended{why}")
 
     def _node_record(self) -> bytes:
         return json.dumps(
@@ -755,12 +780,14 @@ class DynamicRendezvousHandler:
                     int(n.get("lid", 0)),
                 )
             )
+            hosts = [rank for rank, n in enumerate(nodes) if n.get("host")]
             value = {
                 "state": "sealed",
                 "count": count,
                 "ids": [n["id"] for n in nodes],
                 "lws": [n.get("lws") for n in nodes],
                 "closer": self._node.id,
+                "hr": hosts[0] if hosts else None,
             }
         self._ops.compare_set(self._keys.sealed(r), b"", json.dumps(value, separators=(",", ":")).encode())
 
@@ -781,7 +808,15 @@ class DynamicRendezvousHandler:
                 # take a new index so that the running nodes see one more node waiting.
                 self._ops.add(self._keys.seq(r), 1)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
-        return _Membership(r, rank, ids, list(state.get("lws") or [None] * len(ids)), int(state["count"]))
+        host_rank = state.get("hr")
+        return _Membership(
+            r,
+            rank,
+            ids,
+            list(state.get("lws") or [None] * len(ids)),
+            int(state["count"]),
+            host_rank if isinstance(host_rank, int) else None,
+        )
 
     def _wait_late(self, r: int, deadline: float, why: str) -> int:
         """Wait, counted as a waiting node of round ``r``, until round r + 1 opens; its number."""
@@ -920,7 +955,10 @@ class DynamicRendezvousHandler:
 
     def set_closed(self) -> None:
         """Close the rendezvous for every node; waiting and late nodes get RendezvousClosedError."""
-        self._ops.set(self._keys.closed, b"1")
+        # A node that ends the job because its own rendezvous failed says why, so that the nodes
+        # it stops can name the cause (a lost node, say) instead of only "closed".
+        reason = f"{self._node.id}: {self._failure}" if self._failure else "1"
+        self._ops.set(self._keys.closed, reason.encode())
         raw = self._ops.compare_set(self._keys.current, b"", b"0")
         while raw != _CLOSED:
             # Swap the round number for "closed" (retried only if a round opens meanwhile), so
@@ -948,11 +986,89 @@ class DynamicRendezvousHandler:
         except (RendezvousError, StoreError) as exc:
             log.warning("rendezvous %r: could not announce leaving round %d: %s", self._run_id, m.round, exc)
 
+    def _await_departures(self, m: _Membership) -> None:
+        """On the store's host: serve until every other participant of round ``m`` has left.
+
+        A participant has left once its heartbeat counter carries the "left" mark, which
+        :meth:`_leave` adds as its last write. Participants the heartbeat ring reports lost are
+        not waited for; nobody is waited for longer than ``close_timeout``. This node keeps
+        heartbeating meanwhile, so the others' watchers do not report it lost.
+        """
+        pending = [rank for rank in range(len(m.ids)) if rank != m.rank]
+        deadline = time.monotonic() + self._config.close_timeout
+        pause = 0.01
+        while pending:
+            try:
+                lost = set(self.lost_nodes())
+                pending = [
+                    rank
+                    for rank in pending
+                    if m.ids[rank] not in lost and self._ops.add(self._keys.heartbeat(m.round, rank), 0) < _LEFT
+                ]
+            except (RendezvousError, StoreError) as exc:
+                log.warning("rendezvous %r: cannot tell whether every node has left: %s", self._run_id, exc)
+                return
+            if not pending:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                log.warning(
+                    "rendezvous %r: %d node(s) had not left after %g s (close_timeout): %s; stopping the store",
+                    self._run_id,
+                    len(pending),
+                    self._config.close_timeout,
+                    _names([m.ids[rank] for rank in pending]),
+                )
+                return
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, 0.2)
+
+    def abandon_store(self) -> None:
+        """The store is gone (its host died): :meth:`shutdown` then writes nothing to it."""
+        self._store_gone = True
+
+    def store_location(self) -> str:
+        """``the rendezvous store on host:port (node N)``, as messages name it."""
+        where = f" on {self._store_address}" if self._store_address else ""
+        m = self._current
+        node = f" (node {m.host_rank})" if m is not None and m.host_rank is not None else ""
+        return f"the rendezvous store{where}{node}"
+
+    def store_problem(self, timeout: float = 2.0) -> str | None:
+        """Why the store cannot be reached (a fresh TCP connect to it fails), or ``None``.
+
+        Asked after a store call failed: tells a store that is gone (refused: nothing listens
+        any more) or cut off (no answer) from a passing hiccup.
+        """
+        if not self._store_address:
+            return None
+        from launcher.rendezvous.endpoint import parse_endpoint
+
+        host, port = parse_endpoint(self._store_address, 0)
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return None
+        except TimeoutError:
+            return f"no answer within {timeout:g} s (host down or network cut)"
+        except OSError as exc:
+            return exc.strerror or str(exc) or type(exc).__name__
+
     def shutdown(self) -> bool:
-        """Stop heartbeats, leave the round, close the store (and stop serving it)."""
+        """Leave the round, close the store (and stop serving it, on the host).
+
+        Leaving is this node's last write to the store. The host first waits for the others to
+        leave (see :meth:`_await_departures`), so nobody's last write meets a closed store.
+        """
         if self._shut_down:
             return True
         ok = True
+        if self._store_gone:
+            if self._watcher is not None:
+                self._watcher.stop()
+                self._watcher = None
+            self._current = None
+        elif self._is_host and self._current is not None:
+            self._await_departures(self._current)
         try:
             self._leave(rejoin=False)
         except Exception as exc:  # shutting down must not raise

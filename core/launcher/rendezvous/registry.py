@@ -37,22 +37,34 @@ def _backend(config: LaunchConfig, manager: LauncherPluginManager) -> Rendezvous
 
 
 def check_rendezvous_config(config: LaunchConfig, manager: LauncherPluginManager) -> None:
-    """The backend exists and understands every ``--rdzv-conf`` key."""
-    reg = _backend(config, manager)
-    if reg.config_keys is None:
-        return
-    known = set(reg.config_keys)
-    if reg.create_store is not None:
-        # A store-only backend runs the core's algorithm, which reads the core's keys too.
-        from launcher.rendezvous.config import CONFIG_KEYS
+    """The backend exists, understands every ``--rdzv-conf`` key, and accepts every value.
 
-        known |= set(CONFIG_KEYS)
-    unknown = sorted(set(config.rdzv_configs) - known)
-    if unknown:
-        raise RendezvousConfigError(
-            f"--rdzv-conf key {unknown[0]!r} is unknown to the {reg.name} backend; "
-            f"known keys: {', '.join(sorted(known))}"
-        )
+    Runs before anything starts, for every backend: its own ``check_parameters`` when it has
+    one; for a store-only backend, the core's reading of the values; for a backend that accepts
+    any key (torch's handlers), at least the values of the keys the core also knows.
+    """
+    from launcher.rendezvous.config import CONFIG_KEYS, DynamicRendezvousConfig, check_core_values
+    from launcher.values import quote
+
+    reg = _backend(config, manager)
+    params = rendezvous_parameters(config)
+    if reg.config_keys is not None:
+        known = set(reg.config_keys)
+        if reg.create_store is not None:
+            # A store-only backend runs the core's algorithm, which reads the core's keys too.
+            known |= set(CONFIG_KEYS)
+        unknown = sorted(set(config.rdzv_configs) - known)
+        if unknown:
+            raise RendezvousConfigError(
+                f"--rdzv-conf key {quote(unknown[0])} is unknown to the {reg.name} backend; "
+                f"known keys: {', '.join(sorted(known))}"
+            )
+    if reg.check_parameters is not None:
+        reg.check_parameters(params)
+    elif reg.create_store is not None:
+        DynamicRendezvousConfig.from_parameters(params)
+    else:
+        check_core_values(params.config)
 
 
 def handler_for(

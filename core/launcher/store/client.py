@@ -15,28 +15,38 @@ import contextlib
 import os
 import random
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Final
 
+from launcher.store.admission import (
+    AUTH_HELLO,
+    AUTH_PROOF,
+    NONCE_LEN,
+    PROOF_LEN,
+    client_proof,
+    new_nonce,
+    proofs_match,
+    server_proof,
+)
 from launcher.store.api import StoreError, StoreTimeoutError
-from launcher.store.server import (
+from launcher.store.protocol import (
+    I64,
     KEY_PREFIX,
+    U8,
+    U32,
+    U64,
     VALIDATION_MAGIC,
     CheckResponse,
     QueryType,
     WaitResponse,
+    as_bytes,
     format_address,
+    pack_blob,
 )
 
 __all__ = ["QueueEmptyError", "TCPStoreClient"]
-
-_U8 = struct.Struct("<B")
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-_U64 = struct.Struct("<Q")
 
 # After a wait times out we send CANCEL_WAIT; the server answers at once, but give it this long
 # before declaring the connection dead.
@@ -48,14 +58,12 @@ class QueueEmptyError(StoreError):
     """:meth:`TCPStoreClient.queue_pop` found the queue empty."""
 
 
-def _blob(data: bytes) -> bytes:
-    return _U64.pack(len(data)) + data
+class _Refused(StoreError):
+    """The server turned us away; ``final`` when retrying cannot help (a secret mismatch)."""
 
-
-def _as_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return bytes(value)
+    def __init__(self, message: str, final: bool = True) -> None:
+        super().__init__(message)
+        self.final = final
 
 
 class _Deadline:
@@ -86,6 +94,10 @@ class TCPStoreClient:
     times out raises :class:`~launcher.store.api.StoreTimeoutError`; a timed-out wait leaves the
     connection usable, while any other failure drops it and the next call reconnects.
 
+    ``secret``: prove this shared secret to the server before anything else (see
+    ``docs/store-security.md``); the server must prove it too, or the connection fails. The
+    secret itself never crosses the wire.
+
     One call runs at a time (calls from several threads are serialized); use a client per thread
     for parallelism.
     """
@@ -97,6 +109,7 @@ class TCPStoreClient:
         *,
         timeout: float | None = 300.0,
         connect_timeout: float | None = None,
+        secret: bytes | None = None,
     ) -> None:
         if not 0 < port < 1 << 16:
             raise ValueError(f"port must be in [1, 65535], got {port}")
@@ -104,6 +117,9 @@ class TCPStoreClient:
         self._port = port
         self.timeout = timeout
         self._connect_timeout = timeout if connect_timeout is None else connect_timeout
+        if secret is not None and not secret:
+            raise ValueError("the store secret is empty")
+        self._secret = secret
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -126,6 +142,17 @@ class TCPStoreClient:
         """``host:port``, IPv6 hosts in brackets."""
         return format_address(self._host, self._port)
 
+    @property
+    def connect_timeout(self) -> float | None:
+        """How long a (re)connection keeps retrying before the call fails (seconds)."""
+        return self._connect_timeout
+
+    @connect_timeout.setter
+    def connect_timeout(self, seconds: float | None) -> None:
+        # A long first connect (waiting for a node to come up) need not mean long reconnects
+        # later, when a refused connection means the server is gone.
+        self._connect_timeout = seconds
+
     def _connect(self) -> None:
         budget = self._connect_timeout
         deadline = _Deadline(budget)
@@ -146,6 +173,14 @@ class TCPStoreClient:
                 self._handshake(sock, deadline)
                 self._sock = sock
                 return
+            except _Refused as exc:
+                if sock is not None:
+                    sock.close()
+                # A secret mismatch will not fix itself; a refused address might (the round
+                # may reopen), so that one keeps retrying like any connection failure.
+                if exc.final:
+                    raise
+                last_error = exc
             except (OSError, StoreError) as exc:
                 # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
                 if sock is not None:
@@ -166,14 +201,43 @@ class TCPStoreClient:
     def _handshake(self, sock: socket.socket, deadline: _Deadline) -> None:
         # What torch's client does: a validation message (no reply), then a ping whose nonce the
         # server must echo; the ping proves the server accepted us.
+        if self._secret is not None:
+            self._authenticate(sock, deadline, self._secret)
         nonce = os.getpid() & 0xFFFFFFFF
-        validate = _U8.pack(QueryType.VALIDATE) + _U32.pack(VALIDATION_MAGIC)
-        msg = validate + _U8.pack(QueryType.PING) + _U32.pack(nonce)
+        validate = U8.pack(QueryType.VALIDATE) + U32.pack(VALIDATION_MAGIC)
+        msg = validate + U8.pack(QueryType.PING) + U32.pack(nonce)
         sock.settimeout(deadline.remaining())
         sock.sendall(msg)
-        (echo,) = _U32.unpack(self._recv_exact(sock, 4, deadline))
+        (echo,) = U32.unpack(self._recv_exact(sock, 4, deadline))
         if echo != nonce:
             raise StoreError(f"store at {self.address} answered the ping with {echo}, expected {nonce}")
+
+    def _authenticate(self, sock: socket.socket, deadline: _Deadline, secret: bytes) -> None:
+        """The challenge-response of :mod:`launcher.store.admission`, client side."""
+        client_nonce = new_nonce()
+        sock.settimeout(deadline.remaining())
+        sock.sendall(U8.pack(AUTH_HELLO) + client_nonce)
+        try:
+            status = self._recv_exact(sock, 1, deadline)[0]
+        except ConnectionError:
+            raise _Refused(
+                f"the store at {self.address} closed the connection (is this address admitted?)", final=False
+            ) from None
+        if status == 1:
+            raise _Refused(f"the store at {self.address} has no secret configured, but this client was given one")
+        if status != 0:
+            raise StoreError(f"store at {self.address} answered the authentication with {status}")
+        server_nonce = self._recv_exact(sock, NONCE_LEN, deadline)
+        their_proof = self._recv_exact(sock, PROOF_LEN, deadline)
+        if not proofs_match(their_proof, server_proof(secret, client_nonce, server_nonce)):
+            raise _Refused(f"the store at {self.address} does not know our secret")
+        sock.sendall(U8.pack(AUTH_PROOF) + client_proof(secret, server_nonce, client_nonce))
+        try:
+            ack = self._recv_exact(sock, 1, deadline)[0]
+        except ConnectionError:
+            raise _Refused(f"the store at {self.address} rejected our secret") from None
+        if ack != 0:
+            raise StoreError(f"store at {self.address} answered our proof with {ack}")
 
     def close(self) -> None:
         """Close the connection; later calls raise :class:`StoreError`. Idempotent, and safe to
@@ -214,9 +278,7 @@ class TCPStoreClient:
                 # The reply may still arrive later and would be read as the answer to the next
                 # call: the connection cannot be trusted any more.
                 self._drop()
-                raise StoreTimeoutError(
-                    f"store call to {self.address} timed out after {self.timeout} s"
-                ) from exc
+                raise StoreTimeoutError(f"store call to {self.address} timed out after {self.timeout} s") from exc
             except OSError as exc:
                 self._drop()
                 if self._closed:
@@ -247,10 +309,10 @@ class TCPStoreClient:
         return self._recv_exact(sock, 1, deadline)[0]
 
     def _recv_i64(self, sock: socket.socket, deadline: _Deadline) -> int:
-        return int(_I64.unpack(self._recv_exact(sock, 8, deadline))[0])
+        return int(I64.unpack(self._recv_exact(sock, 8, deadline))[0])
 
     def _recv_blob(self, sock: socket.socket, deadline: _Deadline) -> bytes:
-        (n,) = _U64.unpack(self._recv_exact(sock, 8, deadline))
+        (n,) = U64.unpack(self._recv_exact(sock, 8, deadline))
         return self._recv_exact(sock, n, deadline) if n else b""
 
     def _deadline(self) -> _Deadline:
@@ -262,7 +324,7 @@ class TCPStoreClient:
 
     @staticmethod
     def _keys(keys: Sequence[str]) -> bytes:
-        return _U64.pack(len(keys)) + b"".join(_blob(TCPStoreClient._key(k)) for k in keys)
+        return U64.pack(len(keys)) + b"".join(pack_blob(TCPStoreClient._key(k)) for k in keys)
 
     def _wait_reply(self, sock: socket.socket, timeout: float | None, what: str) -> None:
         """After WAIT or BARRIER: block for STOP_WAITING, or cancel once ``timeout`` passes."""
@@ -275,19 +337,17 @@ class TCPStoreClient:
                 raise StoreError(f"store at {self.address} sent {reply} while we were waiting")
             return
         grace = _Deadline(_CANCEL_GRACE_S)
-        self._send(sock, _U8.pack(QueryType.CANCEL_WAIT), grace)
+        self._send(sock, U8.pack(QueryType.CANCEL_WAIT), grace)
         reply = self._recv_u8(sock, grace)
         if reply == WaitResponse.STOP_WAITING:
             # The wait finished just before the cancel arrived; the cancel is acknowledged next.
             reply = self._recv_u8(sock, grace)
         if reply != WaitResponse.WAIT_CANCELED:
             raise StoreError(f"store at {self.address} sent {reply} instead of acknowledging a cancel")
-        raise StoreTimeoutError(
-            f"timed out after {timeout} s waiting for {what} on the store at {self.address}"
-        )
+        raise StoreTimeoutError(f"timed out after {timeout} s waiting for {what} on the store at {self.address}")
 
     def _do_wait(self, sock: socket.socket, keys: Sequence[str], timeout: float | None) -> None:
-        self._send(sock, _U8.pack(QueryType.WAIT) + self._keys(keys), self._deadline())
+        self._send(sock, U8.pack(QueryType.WAIT) + self._keys(keys), self._deadline())
         self._wait_reply(sock, timeout, f"keys {list(keys)[:5]}")
 
     def _resolve(self, timeout: float | None) -> float | None:
@@ -297,7 +357,7 @@ class TCPStoreClient:
 
     def set(self, key: str, value: bytes) -> None:
         """Set ``key`` to ``value`` (``str`` values are UTF-8 encoded)."""
-        msg = _U8.pack(QueryType.SET) + _blob(self._key(key)) + _blob(_as_bytes(value))
+        msg = U8.pack(QueryType.SET) + pack_blob(self._key(key)) + pack_blob(as_bytes(value))
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
 
@@ -306,12 +366,12 @@ class TCPStoreClient:
         with self._call() as sock:
             self._do_wait(sock, [key], self._resolve(timeout))
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.GET) + _blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.GET) + pack_blob(self._key(key)), deadline)
             return self._recv_blob(sock, deadline)
 
     def add(self, key: str, amount: int) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (missing counts as 0); the new value."""
-        msg = _U8.pack(QueryType.ADD) + _blob(self._key(key)) + _I64.pack(amount)
+        msg = U8.pack(QueryType.ADD) + pack_blob(self._key(key)) + I64.pack(amount)
         with self._call() as sock:
             deadline = self._deadline()
             self._send(sock, msg, deadline)
@@ -323,10 +383,10 @@ class TCPStoreClient:
         and a non-empty ``expected`` the answer is ``expected`` although nothing is stored, so
         test success with ``result == desired``."""
         msg = (
-            _U8.pack(QueryType.COMPARE_SET)
-            + _blob(self._key(key))
-            + _blob(_as_bytes(expected))
-            + _blob(_as_bytes(desired))
+            U8.pack(QueryType.COMPARE_SET)
+            + pack_blob(self._key(key))
+            + pack_blob(as_bytes(expected))
+            + pack_blob(as_bytes(desired))
         )
         with self._call() as sock:
             deadline = self._deadline()
@@ -339,15 +399,15 @@ class TCPStoreClient:
         with self._call() as sock:
             self._do_wait(sock, keys, self._resolve(timeout))
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.MULTI_GET) + self._keys(keys), deadline)
+            self._send(sock, U8.pack(QueryType.MULTI_GET) + self._keys(keys), deadline)
             return [self._recv_blob(sock, deadline) for _ in keys]
 
     def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
         """Set several keys in one request."""
         if len(keys) != len(values):
             raise ValueError("multi_set needs as many values as keys")
-        body = b"".join(_blob(self._key(k)) + _blob(_as_bytes(v)) for k, v in zip(keys, values, strict=True))
-        msg = _U8.pack(QueryType.MULTI_SET) + _I64.pack(len(keys)) + body
+        body = b"".join(pack_blob(self._key(k)) + pack_blob(as_bytes(v)) for k, v in zip(keys, values, strict=True))
+        msg = U8.pack(QueryType.MULTI_SET) + I64.pack(len(keys)) + body
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
 
@@ -355,7 +415,7 @@ class TCPStoreClient:
         """Whether every key exists, without waiting."""
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.CHECK) + self._keys(keys), deadline)
+            self._send(sock, U8.pack(QueryType.CHECK) + self._keys(keys), deadline)
             reply = self._recv_u8(sock, deadline)
         if reply not in (CheckResponse.READY, CheckResponse.NOT_READY):
             raise StoreError(f"store at {self.address} answered CHECK with {reply}")
@@ -370,7 +430,7 @@ class TCPStoreClient:
         """Delete ``key``; whether it existed."""
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.DELETE_KEY) + _blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.DELETE_KEY) + pack_blob(self._key(key)), deadline)
             return self._recv_i64(sock, deadline) == 1
 
     # ------------------------------------------------------------------ extras
@@ -379,12 +439,12 @@ class TCPStoreClient:
         """How many keys the server holds (every namespace, as torch's ``num_keys`` counts)."""
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.GETNUMKEYS), deadline)
+            self._send(sock, U8.pack(QueryType.GETNUMKEYS), deadline)
             return self._recv_i64(sock, deadline)
 
     def append(self, key: str, value: bytes) -> None:
         """Append ``value`` to the bytes at ``key``, creating it if missing."""
-        msg = _U8.pack(QueryType.APPEND) + _blob(self._key(key)) + _blob(_as_bytes(value))
+        msg = U8.pack(QueryType.APPEND) + pack_blob(self._key(key)) + pack_blob(as_bytes(value))
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
 
@@ -393,8 +453,8 @@ class TCPStoreClient:
         nonce = random.getrandbits(32)
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.PING) + _U32.pack(nonce), deadline)
-            (echo,) = _U32.unpack(self._recv_exact(sock, 4, deadline))
+            self._send(sock, U8.pack(QueryType.PING) + U32.pack(nonce), deadline)
+            (echo,) = U32.unpack(self._recv_exact(sock, 4, deadline))
         if echo != nonce:
             raise StoreError(f"store at {self.address} answered a ping with {echo}, expected {nonce}")
 
@@ -402,7 +462,7 @@ class TCPStoreClient:
         """The keys in this client's namespace (those torch's and our clients set)."""
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.LIST_KEYS), deadline)
+            self._send(sock, U8.pack(QueryType.LIST_KEYS), deadline)
             count = self._recv_i64(sock, deadline)
             raw = [self._recv_blob(sock, deadline) for _ in range(count)]
         prefix = KEY_PREFIX.encode()
@@ -410,14 +470,14 @@ class TCPStoreClient:
 
     def barrier(self, key: str, world_size: int, timeout: float | None = None) -> None:
         """Arrive at the barrier ``key`` and block until ``world_size`` participants have."""
-        msg = _U8.pack(QueryType.BARRIER) + _blob(self._key(key)) + _I64.pack(world_size)
+        msg = U8.pack(QueryType.BARRIER) + pack_blob(self._key(key)) + I64.pack(world_size)
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
             self._wait_reply(sock, self._resolve(timeout), f"barrier {key!r}")
 
     def queue_push(self, key: str, value: bytes) -> None:
         """Append ``value`` to the queue ``key`` (a namespace separate from plain keys)."""
-        msg = _U8.pack(QueryType.QUEUE_PUSH) + _blob(self._key(key)) + _blob(_as_bytes(value))
+        msg = U8.pack(QueryType.QUEUE_PUSH) + pack_blob(self._key(key)) + pack_blob(as_bytes(value))
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
 
@@ -428,7 +488,7 @@ class TCPStoreClient:
             if block:
                 self._do_wait(sock, [key], self._resolve(timeout))
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.QUEUE_POP) + _blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.QUEUE_POP) + pack_blob(self._key(key)), deadline)
             length = self._recv_i64(sock, deadline)
             if length <= 0:
                 raise QueueEmptyError(f"queue {key!r} is empty")
@@ -438,5 +498,5 @@ class TCPStoreClient:
         """Number of items in queue ``key``."""
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, _U8.pack(QueryType.QUEUE_LEN) + _blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.QUEUE_LEN) + pack_blob(self._key(key)), deadline)
             return self._recv_i64(sock, deadline)

@@ -23,8 +23,8 @@ One suite per kind of plugin (:func:`conformance_suites`):
     late nodes, lost nodes, closing, run-id isolation. :class:`StoreBackendConformance` runs
     both for a store-only backend, whose rendezvous is the core's algorithm over its store.
 :class:`LogsSpecsConformance`, :class:`EventHandlerConformance`, :class:`NumaStrategyConformance`,
-:class:`DeviceProviderConformance`
-    the contracts of the other four kinds.
+:class:`DeviceProviderConformance`, :class:`ClusterEnvironmentConformance`
+    the contracts of the other five kinds (cluster environments: sample jobs' environments).
 
 Every suite also checks that the plugin module imports quickly and without torch
 (:class:`PluginModuleConformance`). See ``docs/plugins.md``.
@@ -46,9 +46,11 @@ pytest.register_assert_rewrite(
     "launcher.testing.events_suite",
     "launcher.testing.numa_suite",
     "launcher.testing.devices_suite",
+    "launcher.testing.clusters_suite",
 )
 
 if TYPE_CHECKING:  # pragma: no cover - the names below are imported on first use
+    from launcher.testing.clusters_suite import ClusterEnvironmentConformance, plain_environments
     from launcher.testing.devices_suite import DeviceProviderConformance
     from launcher.testing.events_suite import EventHandlerConformance, sample_events
     from launcher.testing.logs_suite import LogsSpecsConformance, worker_envs
@@ -70,6 +72,8 @@ if TYPE_CHECKING:  # pragma: no cover - the names below are imported on first us
 # Where each public name lives. Imported on first use, so that loading the pytest plugin (in
 # every pytest run of an environment that has launcher) imports none of the suites.
 _EXPORTS = {
+    "ClusterEnvironmentConformance": "clusters_suite",
+    "plain_environments": "clusters_suite",
     "DeviceProviderConformance": "devices_suite",
     "EventHandlerConformance": "events_suite",
     "sample_events": "events_suite",
@@ -100,6 +104,7 @@ SUITES_BY_KIND: dict[str, tuple[str, str]] = {
     "event handler": ("events_suite", "EventHandlerConformance"),
     "numa strategy": ("numa_suite", "NumaStrategyConformance"),
     "device provider": ("devices_suite", "DeviceProviderConformance"),
+    "cluster environment": ("clusters_suite", "ClusterEnvironmentConformance"),
 }
 
 
@@ -125,6 +130,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "SUITES_BY_KIND",
     "conformance_suites",
+    "ClusterEnvironmentConformance",
     "DeviceProviderConformance",
     "EventHandlerConformance",
     "FakeTopology",
@@ -142,5 +148,6 @@ __all__ = [
     "create_handler",
     "sample_events",
     "standard_topologies",
+    "plain_environments",
     "worker_envs",
 ]

@@ -113,6 +113,12 @@ def connect(settings: EtcdSettings, run_id: str = "") -> EtcdClient:
     """
     from launcher_etcd.client import EtcdClient, EtcdError, EtcdUnavailableError, b64
 
+    unknown = unresolvable_hosts(settings)
+    if unknown is not None:
+        raise RendezvousError(
+            f"etcd rendezvous {run_id!r}: cannot resolve the etcd endpoint host(s) {unknown}; "
+            "check --rdzv-endpoint, or give IP addresses if this node has no working DNS"
+        )
     client = EtcdClient(settings)
     prefix = settings.prefix.encode()
     try:
@@ -128,6 +134,41 @@ def connect(settings: EtcdSettings, run_id: str = "") -> EtcdClient:
         client.close()
         raise RendezvousError(f"etcd rendezvous {run_id!r}: {exc}") from None
     return client
+
+
+def unresolvable_hosts(settings: EtcdSettings, wait: float = 10.0) -> str | None:
+    """The hosts, when no endpoint's host name exists in DNS; else ``None``.
+
+    Retrying a name the resolver says does not exist (EAI_NONAME) only turns a typo into a
+    ``read_timeout``-long wait, so that fails at once. A temporary failure (EAI_AGAIN), or a
+    resolver slower than ``wait`` seconds, leaves the decision to the client's retries.
+    """
+    import socket
+    import threading
+
+    definitive = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+    answers: dict[str, str | None] = {}
+
+    def resolve() -> None:
+        for endpoint in settings.endpoints:
+            try:
+                socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                answers[endpoint.host] = exc.strerror if exc.errno in definitive else None
+                if exc.errno not in definitive:
+                    return
+            except OSError:
+                return
+            else:
+                return  # one resolvable member is enough to try
+
+    worker = threading.Thread(target=resolve, name="etcd-resolve", daemon=True)
+    worker.start()
+    worker.join(min(wait, settings.read_timeout))
+    if worker.is_alive() or len(answers) != len(settings.endpoints) or None in answers.values():
+        return None
+    reason = next(iter(answers.values()))
+    return f"{', '.join(repr(host) for host in answers)}: {reason}"
 
 
 def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:

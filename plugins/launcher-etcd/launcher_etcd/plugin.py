@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from launcher.plugins import hookimpl
 from launcher.plugins.types import RendezvousBackend
 
-from launcher_etcd.settings import ALL_CONFIG_KEYS
+from launcher_etcd.settings import ALL_CONFIG_KEYS, check_parameters
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
@@ -33,4 +33,5 @@ def launcher_rendezvous_backends() -> Iterator[RendezvousBackend]:
         description="Elastic rendezvous over etcd's v3 API (leases, watches, fail-over between members)",
         create_handler=_create,
         config_keys=ALL_CONFIG_KEYS,
+        check_parameters=check_parameters,
     )

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from launcher.errors import UsageError
-from launcher.rendezvous.api import RendezvousConfigError, RendezvousError, RendezvousParameters
+from launcher.rendezvous.api import RendezvousConfigError, RendezvousParameters
 from launcher.rendezvous.config import CONFIG_KEYS as CORE_CONFIG_KEYS
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.endpoint import parse_endpoint
+from launcher.values import parse_seconds
+from launcher.values import quote as quote_value
 
 __all__ = [
     "ALL_CONFIG_KEYS",
@@ -28,6 +30,7 @@ __all__ = [
     "Endpoint",
     "EtcdKey",
     "EtcdSettings",
+    "check_parameters",
     "default_lease_ttl",
     "effective_parameters",
     "rendezvous_config",
@@ -105,7 +108,7 @@ def parse_endpoints(text: str) -> tuple[tuple[Endpoint, ...], str | None]:
     Returns the endpoints and the scheme they named (``None`` when none did).
     """
     if not text or not text.strip():
-        raise RendezvousError(
+        raise RendezvousConfigError(
             "the etcd rendezvous needs --rdzv-endpoint host[:port] naming etcd's client address "
             f"(port {DEFAULT_PORT} by default); give several, comma-separated, to fail over between members"
         )
@@ -119,7 +122,9 @@ def parse_endpoints(text: str) -> tuple[tuple[Endpoint, ...], str | None]:
             scheme, _, item = item.partition("://")
             scheme = scheme.lower()
             if scheme not in ("http", "https"):
-                raise RendezvousConfigError(f"--rdzv-endpoint scheme {scheme!r} is not supported: use http or https")
+                raise RendezvousConfigError(
+                    f"--rdzv-endpoint scheme {quote_value(scheme)} is not supported: use http or https"
+                )
             schemes.add(scheme)
             item = item.rstrip("/")
         try:
@@ -127,10 +132,10 @@ def parse_endpoints(text: str) -> tuple[tuple[Endpoint, ...], str | None]:
         except UsageError as exc:
             raise RendezvousConfigError(str(exc)) from None
         if port == 0:
-            raise RendezvousConfigError(f"--rdzv-endpoint {item!r}: etcd's port cannot be 0")
+            raise RendezvousConfigError(f"--rdzv-endpoint {quote_value(item)}: etcd's port cannot be 0")
         endpoints.append(Endpoint(host, port))
     if not endpoints:
-        raise RendezvousError("--rdzv-endpoint names no etcd member: give host[:port][,host[:port]...]")
+        raise RendezvousConfigError("--rdzv-endpoint names no etcd member: give host[:port][,host[:port]...]")
     if len(schemes) > 1:
         raise RendezvousConfigError("--rdzv-endpoint mixes http:// and https://: every member speaks the same")
     return tuple(dict.fromkeys(endpoints)), (schemes.pop() if schemes else None)
@@ -178,7 +183,7 @@ def _first(config: Mapping[str, str], *names: str) -> str | None:
     """The value of the first of ``names`` that is set; two spellings with different values is an error."""
     given = {name: config[name] for name in names if config.get(name)}
     if len(set(given.values())) > 1:
-        listed = ", ".join(f"{k}={v}" for k, v in given.items())
+        listed = ", ".join(f"{k}={quote_value(v)}" for k, v in given.items())
         raise RendezvousConfigError(f"--rdzv-conf gives {listed}: these are one setting, give it once")
     return next(iter(given.values()), None)
 
@@ -188,7 +193,7 @@ def _existing_file(value: str | None, key: str) -> str | None:
         return None
     path = os.path.expanduser(value)
     if not os.path.isfile(path):
-        raise RendezvousConfigError(f"--rdzv-conf {key}={value}: no such file")
+        raise RendezvousConfigError(f"--rdzv-conf {key}={quote_value(value)}: no such file")
     return path
 
 
@@ -225,8 +230,7 @@ class EtcdSettings:
     ) -> EtcdSettings:
         """Parse ``--rdzv-endpoint`` and ``--rdzv-conf``.
 
-        Raises :class:`RendezvousConfigError` for invalid values and :class:`RendezvousError`
-        when the endpoint is missing.
+        Raises :class:`RendezvousConfigError` for invalid values, a missing endpoint included.
         """
         env = os.environ if environ is None else environ
         conf = params.config
@@ -239,7 +243,7 @@ class EtcdSettings:
             raise RendezvousConfigError("--rdzv-conf cert and key go together: give both the certificate and its key")
         protocol = (conf.get("protocol") or "").strip().lower() or None
         if protocol is not None and protocol not in ("http", "https"):
-            raise RendezvousConfigError(f"--rdzv-conf protocol={protocol!r}: use http or https")
+            raise RendezvousConfigError(f"--rdzv-conf protocol={quote_value(protocol)}: use http or https")
         if protocol and scheme and protocol != scheme:
             raise RendezvousConfigError(
                 f"--rdzv-conf protocol={protocol} contradicts the {scheme}:// of --rdzv-endpoint"
@@ -256,7 +260,8 @@ class EtcdSettings:
             raise RendezvousConfigError("--rdzv-conf password without username: give username too")
         if username is not None and password is None:
             raise RendezvousConfigError(
-                f"--rdzv-conf username={username} without a password: give password=... or set ${PASSWORD_ENV}"
+                f"--rdzv-conf username={quote_value(username)} without a password: give password=... "
+                f"or set ${PASSWORD_ENV}"
             )
         return cls(
             endpoints=endpoints,
@@ -284,11 +289,14 @@ def _prefix(value: str | None, run_id: str) -> str:
 def _lease_ttl(value: str | None, config: DynamicRendezvousConfig) -> int:
     if value is None or not value.strip():
         return default_lease_ttl(config)
+    # etcd rounds shorter leases up to its own minimum anyway (about 2 s with default timings).
     try:
-        ttl = float(value)
-    except ValueError:
-        raise RendezvousConfigError(f"--rdzv-conf lease_ttl={value!r} must be a number of seconds") from None
-    if not ttl >= 2:
-        # etcd rounds shorter leases up to its own minimum anyway (about 2 s with default timings).
-        raise RendezvousConfigError(f"--rdzv-conf lease_ttl={value} must be at least 2 seconds")
+        ttl = parse_seconds(value, "--rdzv-conf lease_ttl", low=2)
+    except UsageError as exc:
+        raise RendezvousConfigError(str(exc)) from None
     return math.ceil(ttl)
+
+
+def check_parameters(params: RendezvousParameters) -> None:
+    """Validate the endpoint and every ``--rdzv-conf`` value before anything starts (no I/O but stat)."""
+    EtcdSettings.from_parameters(params)

@@ -111,3 +111,54 @@ def test_launcher_refuses_an_unknown_conf_key_naming_the_known_ones(installed_pl
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "Traceback" not in err
     assert "lease_tll" in err and "lease_ttl" in err, err
+
+
+FAILING_WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 1:
+        time.sleep(1)
+        sys.stderr.write("boom: rank 1 gives up\\n")
+        sys.stderr.flush()
+        os._exit(7)
+    while True:
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.1)
+    """
+)
+
+
+@needs_core_algorithm
+@needs_torch
+def test_a_worker_failure_is_named_on_both_nodes(
+    shared_etcd: EtcdCluster, installed_plugin: Path, tmp_path: Path, run_id: str
+) -> None:
+    """As with c10d: every node's report names the root cause (rank 1, exit code 7, its stderr)
+    and lists its own ranks with their states."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING_WORKER)
+    agents = [
+        agent(installed_plugin, "etcd", shared_etcd.endpoint, run_id, script, "--monitor-interval", "0.2")
+        for _ in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in agents:
+            out, err = proc.communicate(timeout=120)
+            outputs.append((proc.returncode, out, err))
+    finally:
+        for proc in agents:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for code, out, err in outputs:
+        assert code == 1, f"agent exited {code}:\n{out}\n{err[-3000:]}"
+        root = err[err.find("Root cause"):]
+        assert "Root cause" in err and "rank       : 1 (local rank 0" in root, err[-3000:]
+        assert "exit code 7" in root and "boom: rank 1 gives up" in root, err[-3000:]
+        assert "Ranks on this node" in err, err[-3000:]

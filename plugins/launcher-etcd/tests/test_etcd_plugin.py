@@ -65,3 +65,55 @@ def test_installed_distribution_is_found_through_its_entry_point(installed_plugi
     distribution, version, name, module = json.loads(result.stdout)
     assert (distribution, version, name) == ("launcher-etcd", "0.1.0", "etcd")
     assert module.startswith(str(installed_plugin))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "conf", "words"),
+    [
+        ("", {}, "needs --rdzv-endpoint"),
+        (":::", {}, "not an IPv6 address"),
+        ("a b:1", {}, "not a host name"),
+        ("h:2379", {"join_timeout": "nan"}, "join_timeout must be a number of seconds"),
+        ("h:2379", {"read_timeout": "-1"}, "read_timeout must be a number of seconds"),
+        ("h:2379", {"lease_ttl": "inf"}, "lease_ttl must be a number of seconds from 2"),
+        ("h:2379", {"lease_ttl": "1"}, "lease_ttl must be a number of seconds from 2"),
+        ("h:2379", {"protocol": "ftp"}, "use http or https"),
+        ("h:2379", {"store_type": "tcp"}, "'store_type' is unknown to the etcd backend"),
+    ],
+)
+def test_every_value_is_checked_before_anything_starts(endpoint: str, conf: dict[str, str], words: str) -> None:
+    """Through the registry, as the CLI and the Python API check: a usage error, no connection tried."""
+    from launcher.config import LaunchConfig
+    from launcher.errors import UsageError
+    from launcher.rendezvous.registry import check_rendezvous_config
+
+    manager = get_plugin_manager(load_entrypoints=False, environ={})
+    manager.register_plugin(launcher_etcd.plugin)
+    config = LaunchConfig(min_nodes=1, max_nodes=2, rdzv_backend="etcd", rdzv_endpoint=endpoint,
+                          rdzv_configs=conf, run_id="j")  # fmt: skip
+    with pytest.raises(UsageError, match=words) as info:
+        check_rendezvous_config(config, manager)
+    assert "\n" not in str(info.value)
+
+
+def test_an_endpoint_host_that_dns_says_does_not_exist_fails_at_once() -> None:
+    """Not after read_timeout of retries: the resolver's NXDOMAIN is final (RFC 6761 .invalid)."""
+    import socket
+
+    from etcd_helpers import node_params
+    from launcher.rendezvous.api import RendezvousError
+    from launcher_etcd.backend import connect
+    from launcher_etcd.settings import EtcdSettings
+
+    try:
+        socket.getaddrinfo("nosuch.invalid", 2379)
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_NONAME:
+            pytest.skip(f"this resolver does not answer 'no such name' for .invalid: {exc}")
+    else:
+        pytest.skip(".invalid resolves here")
+    settings = EtcdSettings.from_parameters(node_params("nosuch.invalid:2379,nosuch2.invalid", "j", read_timeout="30"))
+    with pytest.raises(RendezvousError, match=r"cannot resolve the etcd endpoint host\(s\) 'nosuch.invalid', "
+                       r"'nosuch2.invalid'") as info:  # fmt: skip
+        connect(settings, "j")
+    assert "\n" not in str(info.value)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from etcd_helpers import node_params
-from launcher.rendezvous.api import RendezvousConfigError, RendezvousError
+from launcher.rendezvous.api import RendezvousConfigError
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.dynamic import _Keys
 from launcher_etcd.backend import owned_by_node
@@ -42,8 +42,10 @@ def test_endpoints_several_with_default_port_ipv6_and_scheme() -> None:
 @pytest.mark.parametrize(
     ("endpoint", "error", "words"),
     [
-        ("", RendezvousError, "needs --rdzv-endpoint"),
-        (" , ", RendezvousError, "names no etcd member"),
+        ("", RendezvousConfigError, "needs --rdzv-endpoint"),
+        (" , ", RendezvousConfigError, "names no etcd member"),
+        (":::", RendezvousConfigError, "not an IPv6 address"),
+        ("a b:1", RendezvousConfigError, "not a host name"),
         ("http://a:1,https://b:2", RendezvousConfigError, "mixes"),
         ("ftp://a:1", RendezvousConfigError, "not supported"),
         ("a:0", RendezvousConfigError, "cannot be 0"),

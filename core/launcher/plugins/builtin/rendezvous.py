@@ -28,6 +28,8 @@ C10D_CONFIG_KEYS = frozenset(
         "keep_alive_max_attempt",
         "timeout",
         "stable_rank0",
+        "join_networks",
+        "secret_file",
     }
 )
 
@@ -51,6 +53,32 @@ def _create_c10d(params: RendezvousParameters) -> RendezvousHandler:
     return create_handler(params)
 
 
+def _check_static(params: RendezvousParameters) -> None:
+    from launcher.rendezvous.endpoint import parse_endpoint
+    from launcher.values import MAX_SECONDS, parse_int, parse_seconds
+
+    parse_int(params.config.get("rank", "0"), "--node-rank", 0, params.max_nodes - 1)
+    if "timeout" in params.config:
+        parse_seconds(params.config["timeout"], "--rdzv-conf timeout", MAX_SECONDS, zero=False)
+    parse_endpoint(params.endpoint, 29500)
+
+
+def _check_c10d(params: RendezvousParameters) -> None:
+    from launcher.rendezvous.api import RendezvousConfigError
+    from launcher.rendezvous.config import DynamicRendezvousConfig
+    from launcher.rendezvous.endpoint import parse_endpoint
+
+    DynamicRendezvousConfig.from_parameters(params, known=C10D_CONFIG_KEYS)
+    if not params.endpoint.strip():
+        if params.max_nodes > 1:
+            raise RendezvousConfigError(
+                f"the c10d rendezvous of a multi-node job (--nnodes {params.min_nodes}:{params.max_nodes}) needs "
+                "--rdzv-endpoint host[:port] naming the node that serves the store (port 29400 by default)"
+            )
+        return
+    parse_endpoint(params.endpoint, 29400)
+
+
 @hookimpl
 def launcher_rendezvous_backends() -> Iterator[RendezvousBackend]:
     yield RendezvousBackend(
@@ -58,10 +86,12 @@ def launcher_rendezvous_backends() -> Iterator[RendezvousBackend]:
         description="Fixed set of nodes, each given --node-rank; rank 0 serves the store",
         create_handler=_create_static,
         config_keys=frozenset({"rank", "timeout"}),
+        check_parameters=_check_static,
     )
     yield RendezvousBackend(
         name="c10d",
         description="Elastic rendezvous over a TCPStore served by the host node",
         create_handler=_create_c10d,
         config_keys=C10D_CONFIG_KEYS,
+        check_parameters=_check_c10d,
     )

@@ -1,0 +1,47 @@
+"""The launcher's own messages on stderr, in one format for the command line and the Python API.
+
+``[launcher] WARNING: setting OMP_NUM_THREADS=1 ...`` reads the same whether the job was started
+by ``launcher`` or by :func:`launcher.api.launch`: both install :func:`setup_console_logging`
+(the API only when the application has not configured logging itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+FORMAT = "[launcher] %(levelname)s: %(message)s"
+
+
+class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
+    """Writes the launcher's messages under the console lock the output pump uses."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from launcher.logs.pump import CONSOLE_LOCK
+
+        with CONSOLE_LOCK:
+            super().emit(record)
+
+
+def setup_console_logging() -> None:
+    """Send the ``launcher`` logger to stderr in the launcher's format; ``LOGLEVEL`` sets the level."""
+    level_name = os.environ.get("LOGLEVEL", "WARNING").upper()
+    level = getattr(logging, level_name, logging.WARNING)
+    handler = ConsoleHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    root = logging.getLogger("launcher")
+    root.handlers[:] = [handler]
+    root.setLevel(level if isinstance(level, int) else logging.WARNING)
+    root.propagate = False
+    if "LOGLEVEL" not in os.environ:
+        # Waiting for other nodes should never look like a hang: show the rendezvous' progress
+        # ("2 joined of min 3 ...; timeout in 540 s") by default.
+        logging.getLogger("launcher.rendezvous").setLevel(logging.INFO)
+
+
+def ensure_console_logging() -> None:
+    """:func:`setup_console_logging`, unless the application already configured logging."""
+    if logging.getLogger("launcher").handlers or logging.getLogger().handlers:
+        return
+    setup_console_logging()

@@ -1,0 +1,62 @@
+"""launcher's worker bootstrap for stack dumps on demand (only with ``--hang-timeout``).
+
+The agent puts this directory first on the worker's ``PYTHONPATH``; Python's ``site`` module
+imports it at start-up, before the training script. It:
+
+1. arms :func:`faulthandler.register` on the signal in ``LAUNCHER_STACKS_SIGNAL``, writing every
+   thread's Python stack to ``LAUNCHER_STACKS_FILE``, and records this process's pid in that file
+   so the agent signals only a process that is ready (the signal's default action would kill it);
+2. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
+   would give it and its own children do not load it;
+3. runs the ``sitecustomize`` it shadows, if there is one.
+
+Standard library only, and nothing newer than Python 3.8: the worker's interpreter may not be
+the agent's, and may not have launcher installed.
+"""
+
+import os
+import sys
+
+
+def _arm():
+    path = os.environ.get("LAUNCHER_STACKS_FILE")
+    signum = os.environ.get("LAUNCHER_STACKS_SIGNAL", "")
+    # One process per worker: descendants (data-loader workers, a wrapper's child) inherit the
+    # mark and leave the file to the first one.
+    if not path or not signum.isdigit() or os.environ.get("LAUNCHER_STACKS_ARMED"):
+        return
+    import faulthandler
+
+    handle = open(path, "a")  # noqa: SIM115 - faulthandler writes to it until the process ends
+    handle.write(f"# launcher: stacks armed pid={os.getpid()} signal={signum}\n")
+    handle.flush()
+    faulthandler.register(int(signum), file=handle, all_threads=True, chain=False)
+    os.environ["LAUNCHER_STACKS_ARMED"] = str(os.getpid())
+    # faulthandler keeps the descriptor, not the object: keep the object alive too.
+    sys.__dict__.setdefault("_launcher_stacks_file", handle)
+
+
+def _unshadow():
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != here]
+    if entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join(entries)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+    import importlib.machinery
+    import importlib.util
+
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+try:
+    _arm()
+except Exception as exc:  # never stop a worker from starting
+    sys.stderr.write(f"launcher: cannot arm stack dumps: {exc}\n")
+_unshadow()

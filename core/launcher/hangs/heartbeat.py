@@ -1,0 +1,156 @@
+"""The worker's side of hang detection: :func:`heartbeat` and :func:`quiet`.
+
+Under launcher (with ``--hang-timeout``) each worker finds in its environment a file of
+fixed-size slots (:data:`HEARTBEAT_FILE_ENV`) and its slot number (:data:`HEARTBEAT_SLOT_ENV`).
+The first call maps its slot into memory; every call after that stores one monotonic timestamp
+into the mapped page: no system call (``time.monotonic`` is served by the vDSO), no lock, well
+under a microsecond. The agent reads the same page. Outside launcher the first call finds no
+file and every later call returns at once.
+
+Only the standard library is imported, so training code can call it without torch and
+without paying for launcher's agent. A process forked from a worker (a data-loader worker)
+stops beating: its progress is not the rank's.
+
+Slot layout (little-endian, :data:`SLOT_SIZE` bytes, shared with :mod:`launcher.hangs.watch`)::
+
+    0   float64  last heartbeat, CLOCK_MONOTONIC seconds (0: never)
+    8   float64  deadline of the current quiet section, CLOCK_MONOTONIC (0: none)
+    16  float64  start of the current quiet section
+    24  40 bytes name of the current quiet section, UTF-8, NUL padded
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import time
+from types import TracebackType
+from typing import Any
+
+#: Path of the agent's heartbeat file (one slot per local worker).
+HEARTBEAT_FILE_ENV = "LAUNCHER_HEARTBEAT_FILE"
+#: This worker's slot in it (its local rank; given separately because of --virtual-local-rank).
+HEARTBEAT_SLOT_ENV = "LAUNCHER_HEARTBEAT_SLOT"
+
+SLOT_SIZE = 64
+NAME_SIZE = 40
+_BEAT = struct.Struct("<d")
+_QUIET = struct.Struct(f"<dd{NAME_SIZE}s")
+_QUIET_OFFSET = 8
+
+_monotonic = time.monotonic
+_pack_beat = _BEAT.pack_into
+#: ``None`` before the first call; ``()`` when off; ``(mapped page, slot offset)`` when on.
+_state: Any = None
+_mapping: Any = None
+
+
+def _disable_in_child() -> None:
+    global _state
+    _state = ()
+
+
+def _open() -> Any:
+    """Map this worker's slot, once; ``()`` when not running under launcher's hang watch."""
+    global _state, _mapping
+    path = os.environ.get(HEARTBEAT_FILE_ENV)
+    slot = os.environ.get(HEARTBEAT_SLOT_ENV, "")
+    _state = ()
+    if not path or not slot.isdigit():
+        return _state
+    try:
+        import mmap
+
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            offset = int(slot) * SLOT_SIZE
+            if offset + SLOT_SIZE > size:
+                return _state
+            _mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return _state  # a heartbeat must never break training
+    _state = (_mapping, offset)
+    os.register_at_fork(after_in_child=_disable_in_child)
+    return _state
+
+
+def heartbeat() -> None:
+    """Tell the agent this rank is making progress (a no-op outside launcher).
+
+    Call it once per step (or more often): a rank that has called it once and then does not
+    for ``--hang-timeout`` seconds is reported as hung. Costs well under a microsecond.
+    """
+    state = _state
+    if state is None:
+        state = _open()
+    if state:
+        _pack_beat(state[0], state[1], _monotonic())
+
+
+class quiet:  # noqa: N801 - used like a function: ``with launcher.quiet("checkpoint", timeout=600):``
+    """A phase expected to send no heartbeat (a checkpoint, an evaluation), with its own timeout.
+
+    ::
+
+        with launcher.quiet("checkpoint", timeout=600):
+            save_checkpoint()
+
+    Inside, the rank is hung only once ``timeout`` seconds have passed since the section began;
+    leaving it counts as a heartbeat. Sections nest (the inner one applies while it lasts).
+    Outside launcher it does nothing.
+    """
+
+    def __init__(self, name: str, timeout: float) -> None:
+        if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"quiet({name!r}): timeout must be a positive number of seconds, got {timeout!r}")
+        self.name = str(name)
+        self.timeout = float(timeout)
+        self._previous: tuple[Any, ...] | None = None
+
+    def __enter__(self) -> quiet:
+        state = _state if _state is not None else _open()
+        if state:
+            page, offset = state
+            self._previous = _QUIET.unpack_from(page, offset + _QUIET_OFFSET)
+            now = _monotonic()
+            name = self.name.encode("utf-8", "replace")[:NAME_SIZE]
+            _QUIET.pack_into(page, offset + _QUIET_OFFSET, now + self.timeout, now, name)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        state = _state
+        if state and self._previous is not None:
+            page, offset = state
+            _pack_beat(page, offset, _monotonic())
+            _QUIET.pack_into(page, offset + _QUIET_OFFSET, *self._previous)
+            self._previous = None
+
+
+def read_slot(page: Any, index: int) -> tuple[float, float, float, str]:
+    """``(last beat, quiet deadline, quiet start, quiet name)`` of slot ``index`` (agent side)."""
+    return unpack_slot(stable_copy(page, index * SLOT_SIZE, SLOT_SIZE), 0)
+
+
+def stable_copy(page: Any, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``page`` from ``offset``, read until two reads agree.
+
+    The writers store eight bytes at a time without a lock: a torn read must not pass for a
+    stale heartbeat.
+    """
+    while True:
+        first = page[offset : offset + size]
+        if first == page[offset : offset + size]:
+            return bytes(first)
+
+
+def unpack_slot(data: bytes, offset: int) -> tuple[float, float, float, str]:
+    """Decode the slot at ``offset`` of ``data`` (see the layout in the module docstring)."""
+    (beat,) = _BEAT.unpack_from(data, offset)
+    deadline, started, raw = _QUIET.unpack_from(data, offset + _QUIET_OFFSET)
+    name = raw.rstrip(b"\0").decode("utf-8", "replace") if deadline else ""
+    return beat, deadline, started, name

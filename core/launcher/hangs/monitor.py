@@ -1,0 +1,369 @@
+"""The agent's side of hang detection, behind one small interface.
+
+Per job, a :class:`HangMonitor` owns a private directory (on ``/dev/shm`` when there is one)
+holding each attempt's heartbeat file and the workers' stack files. Per attempt the agent calls:
+
+1. :meth:`~HangMonitor.prepare` with the workers' environments, before they start (the heartbeat
+   slot and the stack-dump bootstrap go into them);
+2. :meth:`~HangMonitor.attach` with the started group and the rendezvous outcome;
+3. :meth:`~HangMonitor.poll` from its watch loop (never blocks unless a hang is being diagnosed);
+   :meth:`~HangMonitor.next_due` says how long the loop may sleep. When ``poll`` returns a
+   :class:`~launcher.hangs.report.HangReport`, every rank's stacks have been taken and the
+   report printed; the agent then stops the group like a failed one;
+4. :meth:`~HangMonitor.detach` once the group is gone.
+
+A hang seen on any node is announced through the rendezvous store (:mod:`launcher.hangs.cluster`),
+so every node dumps its ranks and prints the same report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from launcher.hangs import cluster, stacks
+from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_SLOT_ENV
+from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
+from launcher.hangs.watch import HangWatch, HeartbeatTable
+from launcher.rendezvous.api import RendezvousError
+from launcher.store.api import StoreError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.group import WorkerGroup, WorkerSlot
+    from launcher.config import LaunchConfig
+    from launcher.rendezvous.api import RendezvousInfo
+
+log = logging.getLogger("launcher.hangs")
+
+#: Sent to the agent, asks for every local rank's stacks now (the job goes on).
+DUMP_SIGNAL = signal.SIGUSR2
+#: Seconds between looks at another node's alarm in the store.
+ALARM_INTERVAL = 1.0
+#: Longest wait for every local worker's stack dump.
+DUMP_TIMEOUT = 3.0
+#: Longest wait for the other nodes' summaries after a hang.
+COLLECT_TIMEOUT = 15.0
+
+
+def _private_dir() -> str:
+    # Heartbeats are written into this file's pages: on tmpfs they never reach a disk.
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        with contextlib.suppress(OSError):
+            return tempfile.mkdtemp(prefix="launcher_hangs_", dir=shm)
+    return tempfile.mkdtemp(prefix="launcher_hangs_")
+
+
+class HangMonitor:
+    """Hang detection and diagnosis for one agent (see the module docstring)."""
+
+    def __init__(self, timeout: float, *, node: str, run_id: str, output: bool = False,
+                 log_dir: Callable[[], str | None] | None = None,
+                 emit: Callable[..., None] | None = None) -> None:
+        self.timeout = timeout
+        self.output = output
+        self.node = node
+        self.run_id = run_id
+        self._log_dir = log_dir
+        self._emit = emit
+        self.dir = _private_dir()
+        self.check_interval = min(1.0, max(0.05, timeout / 4))
+        self._attempt = -1
+        self._watch: HangWatch | None = None
+        self._group: WorkerGroup | None = None
+        self._info: RendezvousInfo | None = None
+        self._next_local = 0.0
+        self._next_alarm = 0.0
+        self._stacks_dir: str | None = None
+        self.node_label = node
+        self._dump_requested = False
+        self._previous_handler: Any = None
+        self._dumps = 0
+        #: The report of the last hang (``None`` until one happens).
+        self.report: HangReport | None = None
+
+    @classmethod
+    def create(cls, config: LaunchConfig, node: str, *, log_dir: Callable[[], str | None] | None = None,
+               emit: Callable[..., None] | None = None) -> HangMonitor | None:
+        """A monitor when ``config.hang_timeout`` is set, else ``None`` (the default: no watching)."""
+        timeout = getattr(config, "hang_timeout", None)
+        if not timeout:
+            return None
+        return cls(timeout, node=node, run_id=config.run_id, output=getattr(config, "hang_watch", "") == "output",
+                   log_dir=log_dir, emit=emit)
+
+    # -- per attempt ---------------------------------------------------------------------------
+
+    def prepare(self, envs: dict[int, dict[str, str]], slots: Sequence[WorkerSlot] = ()) -> None:
+        """Give each worker's environment its heartbeat slot and the stack-dump bootstrap (and,
+        in output mode, each slot its output callback: set before the start, no line is missed)."""
+        self.detach()
+        self._attempt += 1
+        count = max(envs) + 1 if envs else 0
+        table = HeartbeatTable(os.path.join(self.dir, f"heartbeats.{self._attempt}"), count)
+        self._watch = HangWatch(table, self.timeout, output=self.output)
+        for local_rank, env in envs.items():
+            env[HEARTBEAT_FILE_ENV] = table.path
+            env[HEARTBEAT_SLOT_ENV] = str(local_rank)
+            stacks.arm_environment(env, self._stacks_path(local_rank))
+        if self.output:
+            for slot in slots:
+                slot.on_output = self._watch.output_seen(slot.local_rank)
+
+    def _stacks_path(self, local_rank: int) -> str:
+        return os.path.join(self.dir, f"stacks.{self._attempt}.{local_rank}")
+
+    def attach(self, group: WorkerGroup, info: RendezvousInfo) -> None:
+        """Watch ``group`` (started with the prepared environments)."""
+        self._group = group
+        self._info = info
+        self.report = None
+        # Host names may repeat across nodes (containers, network namespaces); the rendezvous'
+        # participant id (address_pid_n) names a node the way the rendezvous' own logs do.
+        own = info.participants[info.group_rank] if 0 <= info.group_rank < len(info.participants) else ""
+        self.node_label = own if self._multinode and own else self.node
+        now = time.monotonic()
+        self._next_local = now + self.check_interval
+        self._next_alarm = now + ALARM_INTERVAL
+
+    def detach(self) -> None:
+        """Stop watching the current attempt (its workers are gone)."""
+        if self._watch is not None:
+            self._watch.table.close()
+            self._watch = None
+        self._group = None
+
+    def close(self) -> None:
+        """Release everything (the stacks files named in reports are kept)."""
+        self.detach()
+        if self._previous_handler is not None:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                signal.signal(DUMP_SIGNAL, self._previous_handler)
+            self._previous_handler = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def enable_dump_signal(self, forwarded: list[int]) -> bool:
+        """Dump every local rank's stacks on :data:`DUMP_SIGNAL` to the agent (job goes on).
+
+        Not when that signal is one the agent forwards (``--signals-to-handle``), nor off the
+        main thread. The agent's wake-up descriptor makes its watch loop notice at once.
+        """
+        if DUMP_SIGNAL in forwarded or threading.current_thread() is not threading.main_thread():
+            return False
+
+        def on_dump_signal(_signum: int, _frame: Any) -> None:
+            self._dump_requested = True
+
+        try:
+            self._previous_handler = signal.signal(DUMP_SIGNAL, on_dump_signal)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    # -- watching ------------------------------------------------------------------------------
+
+    @property
+    def _multinode(self) -> bool:
+        info = self._info
+        return info is not None and info.store is not None and info.group_world_size > 1
+
+    def next_due(self) -> float:
+        """Seconds until :meth:`poll` has something to do."""
+        due = self._next_local
+        if self._multinode:
+            due = min(due, self._next_alarm)
+        return max(0.0, due - time.monotonic())
+
+    def poll(self) -> HangReport | None:
+        """Look for a hung rank here, or another node's alarm; on either, diagnose and report."""
+        if self._watch is None or self._group is None or self.report is not None:
+            return self.report
+        if self._dump_requested:
+            self._dump_requested = False
+            self.dump_on_demand()
+        now = time.monotonic()
+        if now >= self._next_local:
+            self._next_local = now + self.check_interval
+            # A worker that has exited (successfully: a failure ends the attempt at once) beats
+            # no more, and is not hung.
+            hung = [state for state in self._watch.hung(now) if self._running(state.local_rank)]
+            if hung:
+                first = max(hung, key=lambda state: state.age or 0.0)
+                slot = self._slot(first.local_rank)
+                rank = slot.global_rank if slot is not None else first.local_rank
+                alarm: dict[str, Any] = {
+                    "node": self.node_label,
+                    "group_rank": self._info.group_rank if self._info else 0,
+                    "reason": f"rank {rank} (local rank {first.local_rank}): {_reason_text(first.reason)}",
+                }
+                if self._multinode:
+                    assert self._info is not None and self._info.store is not None
+                    try:
+                        alarm = cluster.raise_alarm(self._info.store, self._prefix(), alarm)
+                    except (StoreError, RendezvousError, OSError) as exc:
+                        log.warning("cannot tell the other nodes about the hang: %s", exc)
+                return self._diagnose(alarm)
+        if self._multinode and now >= self._next_alarm:
+            self._next_alarm = now + ALARM_INTERVAL
+            assert self._info is not None and self._info.store is not None
+            try:
+                remote = cluster.check_alarm(self._info.store, self._prefix())
+            except (StoreError, RendezvousError, OSError) as exc:
+                log.debug("cannot look for a hang alarm: %s", exc)
+                remote = None
+            if remote is not None:
+                return self._diagnose(remote)
+        return None
+
+    def dump_on_demand(self) -> HangReport | None:
+        """Take and print every local rank's stacks now, without stopping anything."""
+        if self._watch is None or self._group is None:
+            return None
+        report = self._diagnose({"node": self.node_label, "reason": "stacks asked for with SIGUSR2"},
+                                local_only=True)
+        self.report = None  # not a hang: the job goes on
+        report.is_hang = False
+        report.outcome = "nothing: the job goes on"
+        _print(report)
+        return report
+
+    def hung_slots(self) -> list[WorkerSlot]:
+        """The local workers named hung in the last report (all of them when none is)."""
+        if self._group is None:
+            return []
+        if self.report is None:
+            return list(self._group.slots)
+        hung = {e.local_rank for e in self.report.hung_ranks if e.node == self.node_label}
+        chosen = [slot for slot in self._group.slots if slot.local_rank in hung]
+        return chosen or list(self._group.slots)
+
+    def _prefix(self) -> str:
+        assert self._info is not None
+        return cluster.prefix(self.run_id, self._info.round)
+
+    def _running(self, local_rank: int) -> bool:
+        slot = self._slot(local_rank)
+        return slot is not None and slot.process is not None and slot.process.poll() is None
+
+    def _slot(self, local_rank: int) -> WorkerSlot | None:
+        if self._group is None:
+            return None
+        for slot in self._group.slots:
+            if slot.local_rank == local_rank:
+                return slot
+        return None
+
+    # -- diagnosis -----------------------------------------------------------------------------
+
+    def _diagnose(self, alarm: dict[str, Any], *, local_only: bool = False) -> HangReport:
+        assert self._watch is not None and self._group is not None
+        started = time.monotonic()
+        progress = {state.local_rank: state for state in self._watch.progress()}
+        targets = []
+        allowed: dict[int, set[int]] = {}
+        for slot in self._group.slots:
+            if slot.process is not None and slot.process.poll() is None:
+                targets.append((slot.local_rank, slot.process.pid, self._stacks_path(slot.local_rank)))
+                allowed[slot.local_rank] = stacks.process_tree(slot.process.pid)
+        dumps = stacks.collect(targets, allowed, timeout=DUMP_TIMEOUT)
+        info = self._info
+        summary = NodeSummary(self.node_label, info.group_rank if info else 0)
+        for slot in self._group.slots:
+            state = progress.get(slot.local_rank)
+            dump = dumps.get(slot.local_rank)
+            if dump is None and state is not None:  # it exited: not hung, whatever its last beat
+                state.hung, state.reason = False, ""
+            entry = RankEntry(
+                rank=slot.global_rank,
+                local_rank=slot.local_rank,
+                node=self.node_label,
+                pid=(dump.pid if dump is not None else None) or (slot.process.pid if slot.process else None),
+                age=state.age if state else None,
+                hung=bool(state and state.hung),
+                summary=stacks.stack_summary(dump) if dump is not None else "(exited)",
+                quiet=state.quiet if state else "",
+                reason=state.reason if state else "",
+                stacks=stacks.as_json(dump) if dump is not None else None,
+            )
+            summary.ranks.append(entry)
+        summary.stacks_file = self._stacks_file_path("on_demand" if local_only else "hang")
+        nodes: list[NodeSummary] = [summary]
+        missing: list[int] = []
+        if self._multinode and not local_only:
+            assert info is not None and info.store is not None
+            try:
+                cluster.publish(info.store, self._prefix(), summary)
+                others, missing = cluster.collect(info.store, self._prefix(), info.group_world_size, COLLECT_TIMEOUT,
+                                                  own=summary.group_rank)
+                nodes += others
+                cluster.finish(info.store, self._prefix(), info.group_world_size, COLLECT_TIMEOUT)
+            except (StoreError, RendezvousError, OSError) as exc:
+                log.warning("cannot exchange hang summaries with the other nodes: %s", exc)
+            nodes.sort(key=lambda node: node.group_rank)
+        report = HangReport(
+            detected_by=str(alarm.get("node", "?")),
+            reason=str(alarm.get("reason", "a rank stopped making progress")),
+            nodes=nodes,
+            missing=missing,
+        )
+        if summary.stacks_file:
+            try:
+                write_stacks_file(summary.stacks_file, report, summary)
+            except OSError as exc:
+                log.warning("cannot write the stacks file %s: %s", summary.stacks_file, exc)
+                summary.stacks_file = None
+        self.report = report
+        log.debug("hang diagnosed in %.2f s", time.monotonic() - started)
+        return report
+
+    def _stacks_file_path(self, kind: str = "hang") -> str | None:
+        directory = self._log_dir() if self._log_dir is not None else None
+        if not directory:
+            if self._stacks_dir is None:
+                # Outlives the job on purpose: the report names it.
+                self._stacks_dir = tempfile.mkdtemp(prefix="launcher_hang_")
+            directory = self._stacks_dir
+        if kind == "hang":
+            return os.path.join(directory, f"hang_stacks_attempt_{self._attempt}.txt")
+        self._dumps += 1
+        return os.path.join(directory, f"stacks_attempt_{self._attempt}_{self._dumps}.txt")
+
+    def announce(self, outcome: str) -> None:
+        """Print the report (with what happens next) and emit ``hang_detected``."""
+        report = self.report
+        if report is None:
+            return
+        report.outcome = outcome
+        _print(report)
+        if self._emit is not None:
+            own = next((node for node in report.nodes if node.node == self.node_label), None)
+            self._emit(
+                "hang_detected",
+                detected_by=report.detected_by,
+                reason=report.reason,
+                hung_ranks=[entry.rank for entry in report.hung_ranks],
+                groups=report.to_dict()["groups"],
+                stacks_file=own.stacks_file if own else None,
+                outcome=outcome,
+            )
+
+
+def _print(report: HangReport) -> None:
+    from launcher.logs.pump import CONSOLE_LOCK
+
+    with CONSOLE_LOCK:
+        sys.stderr.write(report.render() + "\n")
+        sys.stderr.flush()
+
+
+def _reason_text(reason: str) -> str:
+    return reason or "stopped making progress"

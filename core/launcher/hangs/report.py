@@ -1,0 +1,229 @@
+"""The hang report: which ranks are hung, and where every rank is, grouped by identical stack.
+
+A node's share is a :class:`NodeSummary` (JSON-able, small enough to pass through the rendezvous
+store: one line of stack per rank; full stacks stay in the node's stacks file). The
+:class:`HangReport` joins every node's summary and renders::
+
+    ========================================================================
+    launcher: hang detected by node-b: rank 7 sent no heartbeat for 3.2 s (timeout 3 s)
+    ------------------------------------------------------------------------
+    Hung ranks:
+      rank 7 on node-b (local rank 3, pid 4242): last heartbeat 3.2 s ago
+    Where every rank is (main thread, innermost call first):
+      rank 7: read (loader.py:88) <- next_batch (train.py:30) <- main (train.py:50)
+      ranks 0-6, 8-15: all_reduce (distributed_c10d.py:2806) <- train_step (train.py:42) <- ...
+    Full stacks: /logs/job/hang_stacks_attempt_0.txt (node-b)
+    ========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_RULE = 72
+
+
+@dataclass
+class RankEntry:
+    """One rank at the moment of the dump."""
+
+    rank: int
+    local_rank: int
+    node: str
+    pid: int | None
+    #: Seconds since its last heartbeat (``None``: never sent one).
+    age: float | None
+    hung: bool
+    summary: str
+    quiet: str = ""
+    reason: str = ""
+    #: Full stacks (:func:`launcher.hangs.stacks.as_json`); local only, never sent to the store.
+    stacks: dict[str, Any] | None = None
+
+    def to_dict(self, *, full: bool = True) -> dict[str, Any]:
+        data = {
+            "rank": self.rank, "local_rank": self.local_rank, "node": self.node, "pid": self.pid,
+            "age": None if self.age is None else round(self.age, 3), "hung": self.hung,
+            "summary": self.summary, "quiet": self.quiet or None, "reason": self.reason or None,
+        }
+        if full and self.stacks is not None:
+            data["stacks"] = self.stacks
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankEntry:
+        return cls(
+            rank=int(data["rank"]), local_rank=int(data["local_rank"]), node=str(data.get("node", "")),
+            pid=data.get("pid"), age=data.get("age"), hung=bool(data.get("hung")),
+            summary=str(data.get("summary", "")), quiet=data.get("quiet") or "",
+            reason=data.get("reason") or "", stacks=data.get("stacks"),
+        )
+
+
+@dataclass
+class NodeSummary:
+    """One node's ranks and where its full stacks are."""
+
+    node: str
+    group_rank: int
+    ranks: list[RankEntry] = field(default_factory=list)
+    stacks_file: str | None = None
+
+    def to_dict(self, *, full: bool = True) -> dict[str, Any]:
+        return {
+            "node": self.node, "group_rank": self.group_rank, "stacks_file": self.stacks_file,
+            "ranks": [entry.to_dict(full=full) for entry in self.ranks],
+        }
+
+    def to_bytes(self) -> bytes:
+        """The compact form published through the store (no full stacks)."""
+        return json.dumps(self.to_dict(full=False), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeSummary:
+        return cls(
+            node=str(data.get("node", "")), group_rank=int(data.get("group_rank", 0)),
+            ranks=[RankEntry.from_dict(item) for item in data.get("ranks", [])],
+            stacks_file=data.get("stacks_file"),
+        )
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``0-6, 8-15`` for a set of ranks."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return ""
+    parts = []
+    start = prev = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+        if rank is not None:
+            start = prev = rank
+    return ", ".join(parts)
+
+
+def group_by_stack(entries: Sequence[RankEntry]) -> list[tuple[list[RankEntry], str]]:
+    """Ranks with the same one-line stack together: groups with hung ranks first, then the
+    smallest groups (the odd ones out are the interesting ones), then by lowest rank."""
+    groups: dict[str, list[RankEntry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.summary, []).append(entry)
+    ordered = sorted(
+        groups.items(),
+        key=lambda item: (not any(e.hung for e in item[1]), len(item[1]), min(e.rank for e in item[1])),
+    )
+    return [(members, summary) for summary, members in ordered]
+
+
+@dataclass
+class HangReport:
+    """Every node's view of a hang, joined (see the module docstring)."""
+
+    detected_by: str
+    reason: str
+    nodes: list[NodeSummary]
+    #: Group ranks of nodes that published no summary in time.
+    missing: list[int] = field(default_factory=list)
+    #: What happens next (``restarting (1 of 3 restarts left)``, ``stopping the job``).
+    outcome: str = ""
+    #: ``False`` for a dump asked for while the job runs (SIGUSR2 to the agent).
+    is_hang: bool = True
+
+    @property
+    def entries(self) -> list[RankEntry]:
+        return sorted((e for node in self.nodes for e in node.ranks), key=lambda e: e.rank)
+
+    @property
+    def hung_ranks(self) -> list[RankEntry]:
+        """Hung ranks, the longest silent first."""
+        return sorted((e for e in self.entries if e.hung), key=lambda e: -(e.age or 0.0))
+
+    def headline(self) -> str:
+        if not self.is_hang:
+            return f"where every rank on {self.detected_by} is: {self.reason}"
+        return f"hang detected by {self.detected_by}: {self.reason}"
+
+    def render(self) -> str:
+        lines = ["=" * _RULE, f"launcher: {self.headline()}", "-" * _RULE]
+        hung = self.hung_ranks
+        if hung:
+            lines.append("Hung ranks:")
+            for entry in hung:
+                lines.append(f"  rank {entry.rank} on {entry.node} (local rank {entry.local_rank}, pid {entry.pid}): "
+                             f"{_age_text(entry)}")
+        else:
+            lines.append("Hung ranks: none on the nodes that answered")
+        lines.append("Where every rank is (main thread, innermost call first):")
+        for members, summary in group_by_stack(self.entries):
+            ranks = [e.rank for e in members]
+            label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
+            lines.append(f"  {label}: {summary}")
+        if self.missing:
+            lines.append(f"No answer from node(s) with group rank {rank_ranges(self.missing)}: their ranks are "
+                         "not shown")
+        for node in self.nodes:
+            if node.stacks_file:
+                lines.append(f"Full stacks: {node.stacks_file} (on {node.node})")
+        if self.outcome:
+            lines.append(f"Next: {self.outcome}")
+        lines.append("=" * _RULE)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "detected_by": self.detected_by,
+            "reason": self.reason,
+            "hung_ranks": [e.rank for e in self.hung_ranks],
+            "groups": [
+                {"ranks": [e.rank for e in members], "stack": summary}
+                for members, summary in group_by_stack(self.entries)
+            ],
+            "nodes": [node.to_dict() for node in self.nodes],
+            "missing_group_ranks": list(self.missing),
+            "outcome": self.outcome or None,
+        }
+
+
+def _age_text(entry: RankEntry) -> str:
+    if entry.reason:
+        return entry.reason
+    if entry.age is None:
+        return "never sent a heartbeat"
+    return f"last heartbeat {entry.age:.1f} s ago"
+
+
+def write_stacks_file(path: str, report: HangReport, node: NodeSummary) -> None:
+    """The full stacks of this node's ranks, after the report, as text."""
+    from launcher.hangs.stacks import RankStacks, ThreadStack, format_threads
+
+    parts = [report.render(), "", f"Full stacks of the ranks on {node.node}:", ""]
+    for entry in node.ranks:
+        stacks = RankStacks(entry.local_rank, pid=entry.pid)
+        data = entry.stacks or {}
+        stacks.note = data.get("note") or ""
+        stacks.native = data.get("native") or ""
+        stacks.text = data.get("text") or ""
+        from launcher.hangs.stacks import Frame
+
+        stacks.threads = [
+            ThreadStack(t["ident"], [Frame(f["file"], f["line"], f["function"]) for f in t["frames"]])
+            for t in data.get("threads", [])
+        ]
+        state = "HUNG, " + _age_text(entry) if entry.hung else _age_text(entry)
+        parts.append(f"rank {entry.rank} (local rank {entry.local_rank}, pid {entry.pid}): {state}")
+        parts.append(format_threads(stacks))
+        parts.append("")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(parts))
+    os.replace(tmp, path)

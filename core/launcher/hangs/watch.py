@@ -1,0 +1,115 @@
+"""Noticing that a rank stopped making progress.
+
+A :class:`HeartbeatTable` is the file of slots the workers' :func:`launcher.heartbeat` writes
+into (see :mod:`launcher.hangs.heartbeat` for the layout); the agent maps it read-only. A
+:class:`HangWatch` reads it (and, in output mode, the time each worker last wrote a line) and
+says which ranks are hung:
+
+* a rank is watched from its first heartbeat (output mode: its first heartbeat or line);
+  one that never sent either is never called hung, because nothing says it should have;
+* a watched rank is hung when its last sign of progress is older than the timeout;
+* inside a ``quiet(name, timeout)`` section, it is hung only once the section's own timeout
+  has passed.
+
+Reading 64 slots is one pass over 4 KiB of shared memory: the agent can afford it every
+fraction of a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, stable_copy, unpack_slot
+
+
+class HeartbeatTable:
+    """The heartbeat file of one attempt: ``count`` zeroed slots, mapped by the agent."""
+
+    def __init__(self, path: str, count: int) -> None:
+        self.path = path
+        self.count = count
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, max(1, count) * SLOT_SIZE)
+            self._page = mmap.mmap(fd, max(1, count) * SLOT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+
+    def read(self, index: int) -> tuple[float, float, float, str]:
+        """``(last beat, quiet deadline, quiet start, quiet name)`` of one slot."""
+        return read_slot(self._page, index)
+
+    def read_all(self) -> list[tuple[float, float, float, str]]:
+        """Every slot, from one consistent copy of the table."""
+        data = stable_copy(self._page, 0, self.count * SLOT_SIZE)
+        return [unpack_slot(data, index * SLOT_SIZE) for index in range(self.count)]
+
+    def close(self) -> None:
+        self._page.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+@dataclass
+class RankProgress:
+    """One local rank's progress as the watch sees it."""
+
+    local_rank: int
+    #: Seconds since its last heartbeat (or line, in output mode); ``None`` when it never sent one.
+    age: float | None
+    hung: bool
+    #: Name of the quiet section it is in, if any.
+    quiet: str = ""
+    #: Why it is hung, in words (empty when it is not).
+    reason: str = ""
+
+
+class HangWatch:
+    """Decides which local ranks are hung (see the module docstring)."""
+
+    def __init__(self, table: HeartbeatTable, timeout: float, *, output: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.table = table
+        self.timeout = timeout
+        self.output = output
+        self._clock = clock
+        #: Monotonic time of each worker's last output line (output mode).
+        self.last_output = [0.0] * table.count
+
+    def output_seen(self, local_rank: int) -> Callable[[], None]:
+        """A callback for the output pump: the worker just wrote something."""
+        clock = self._clock
+        outputs = self.last_output
+
+        def seen() -> None:
+            outputs[local_rank] = clock()
+
+        return seen
+
+    def progress(self, now: float | None = None) -> list[RankProgress]:
+        """Every local rank's state, in local-rank order."""
+        now = self._clock() if now is None else now
+        states = []
+        for index, (beat, deadline, started, name) in enumerate(self.table.read_all()):
+            last = max(beat, self.last_output[index]) if self.output else beat
+            age = now - last if last > 0 else None
+            if deadline > 0:
+                hung = now > deadline
+                reason = (f"in quiet section {name!r} for {now - started:.1f} s, past its timeout of "
+                          f"{deadline - started:.0f} s") if hung else ""
+                states.append(RankProgress(index, age, hung, quiet=name, reason=reason))
+                continue
+            hung = age is not None and age > self.timeout
+            what = "heartbeat or output line" if self.output else "heartbeat"
+            reason = f"no {what} for {age:.1f} s (timeout {self.timeout:g} s)" if hung and age is not None else ""
+            states.append(RankProgress(index, age, hung, reason=reason))
+        return states
+
+    def hung(self, now: float | None = None) -> list[RankProgress]:
+        """The hung local ranks (empty when all is well)."""
+        return [state for state in self.progress(now) if state.hung]

@@ -1,0 +1,258 @@
+"""Who may use the store: the policy itself, the secret handshake over loopback, and namespace
+hosts (a member, a foreigner, a joiner with and without the secret) against a real server."""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from launcher.store.admission import Admission, Verdict, resolve_addresses
+from launcher.store.api import StoreError
+from launcher.store.client import TCPStoreClient
+from launcher.store.server import StoreServer
+
+from tests.multinode.netns import Host, Network, cleanup_stale, unavailable_reason
+
+pytestmark = pytest.mark.timeout(180)
+
+SECRET = b"0123456789abcdef-site-secret"
+ip = ipaddress.ip_address
+
+
+# ---------------------------------------------------------------------- the policy
+
+
+def test_policy_verdicts() -> None:
+    open_policy = Admission()
+    assert open_policy.verdict(ip("10.1.2.3"), None) is Verdict.ADMIT
+    ranged = Admission(join_networks=["10.0.0.0/8", "fd00::/8"], secret=SECRET)
+    assert ranged.verdict(ip("10.1.2.3"), None) is Verdict.AUTHENTICATE
+    assert ranged.verdict(ip("fd00::5"), None) is Verdict.AUTHENTICATE
+    assert ranged.verdict(ip("192.168.0.1"), None) is Verdict.REFUSE
+    assert ranged.verdict(ip("127.0.0.1"), None) is Verdict.ADMIT  # loopback: local workers
+    assert ranged.verdict(ip("::1"), None) is Verdict.ADMIT
+    members = frozenset({ip("10.0.0.2")})
+    assert ranged.verdict(ip("10.0.0.2"), members) is Verdict.ADMIT
+    assert ranged.verdict(ip("10.0.0.3"), members) is Verdict.REFUSE
+    assert ranged.verdict(ip("10.0.0.3"), members, authenticated_joiners=True) is Verdict.AUTHENTICATE
+    assert ranged.verdict(ip("192.168.0.1"), members, authenticated_joiners=True) is Verdict.REFUSE
+    assert Admission().verdict(ip("10.0.0.3"), members, authenticated_joiners=True) is Verdict.REFUSE
+
+
+def test_policy_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="not an address range"):
+        Admission(join_networks=["10.0.0.0/33"])
+    with pytest.raises(ValueError, match="empty"):
+        Admission(secret=b"")
+    assert "secret" not in repr(Admission(secret=SECRET)).replace("secret=", "")  # never printed
+
+
+def test_ipv4_mapped_members_match() -> None:
+    assert resolve_addresses(["::ffff:10.0.0.2", "[fd00::1]", "localhost"]) >= {ip("10.0.0.2"), ip("fd00::1")}
+    with pytest.raises(ValueError, match="cannot resolve"):
+        resolve_addresses(["no-such-host.invalid"])
+
+
+# ---------------------------------------------------------------------- the handshake, over loopback
+
+
+def test_client_with_the_secret_authenticates(server: StoreServer) -> None:
+    server.admission = Admission(secret=SECRET)
+    with TCPStoreClient(server.host, server.port, timeout=10, secret=SECRET) as client:
+        client.set("k", b"v")
+        assert client.get("k") == b"v"
+
+
+def test_wrong_secret_fails_at_once_without_retrying(server: StoreServer) -> None:
+    server.admission = Admission(secret=SECRET)
+    with pytest.raises(StoreError, match="secret"):
+        TCPStoreClient(server.host, server.port, timeout=60, secret=b"another-secret-entirely")
+
+
+def test_client_with_a_secret_refuses_a_server_without_one(server: StoreServer) -> None:
+    with pytest.raises(StoreError, match="no secret configured"):
+        TCPStoreClient(server.host, server.port, timeout=60, secret=SECRET)
+
+
+# ---------------------------------------------------------------------- namespace hosts
+
+# The store, served from a namespace host; commands on stdin, one answer line each.
+SERVE = """
+import sys
+from launcher.store.admission import Admission
+from launcher.store.server import StoreServer
+networks = [n for n in sys.argv[1].split(";") if n]
+secret = sys.argv[2].encode() if sys.argv[2] != "-" else None
+server = StoreServer("0.0.0.0", 0)
+server.admission = Admission(join_networks=networks, secret=secret)
+server.log_interval = 3600
+server.start()
+print(server.port, flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "restrict":
+        server.restrict_to(arg.split(","))
+        print("ok", flush=True)
+    elif cmd == "has":
+        print(server.store.check([arg]), flush=True)
+server.close()
+"""
+
+# One client: ours (with or without a secret) or torch's; prints "ok" or "refused <why>".
+CLIENT = """
+import sys
+kind, host, port, key, secret = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+try:
+    if kind == "torch":
+        import datetime
+        import torch.distributed as dist
+        store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=3))
+    else:
+        from launcher.store.client import TCPStoreClient
+        store = TCPStoreClient(host, port, timeout=3, secret=secret.encode() if secret != "-" else None)
+    store.set(key, b"written")
+    assert store.get(key) == b"written"
+    print("ok", flush=True)
+except Exception as exc:
+    print("refused", type(exc).__name__, str(exc).splitlines()[0][:200], flush=True)
+"""
+
+# A client that connects first and writes only when told to (on stdin).
+LATE_WRITER = """
+import sys
+from launcher.store.client import TCPStoreClient
+store = TCPStoreClient(sys.argv[1], int(sys.argv[2]), timeout=3, connect_timeout=10, secret=sys.argv[3].encode())
+store.ping()
+print("connected", flush=True)
+sys.stdin.readline()
+try:
+    store.set("late", b"x")
+    store.ping()
+    print("ok", flush=True)
+except Exception as exc:
+    print("refused", type(exc).__name__, flush=True)
+"""
+
+
+class NamespaceStore:
+    """Our server running inside ``host``."""
+
+    def __init__(self, host: Host, networks: str, secret: bytes | None) -> None:
+        self.host = host
+        self.proc = subprocess.Popen(
+            host.argv([sys.executable, "-c", SERVE, networks, secret.decode() if secret else "-"]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+
+    def ask(self, line: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> str:
+        """Stop the server; what it logged."""
+        assert self.proc.stdin is not None and self.proc.stderr is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        return self.proc.stderr.read()
+
+
+def use(host: Host, store: NamespaceStore, kind: str, key: str, secret: bytes | None = None, at: str = "") -> str:
+    """Run one client of ``kind`` on ``host`` against ``store``; its one-line verdict."""
+    target = at or store.host.addr
+    argv = [sys.executable, "-c", CLIENT, kind, target, str(store.port), key, secret.decode() if secret else "-"]
+    result = host.run(argv, timeout=90)
+    lines = result.stdout.strip().splitlines()
+    assert lines, result.stderr
+    return lines[-1]
+
+
+@pytest.fixture
+def hosts() -> Iterator[Network]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("torch.distributed")
+    cleanup_stale()
+    network = Network(3)
+    network.create()
+    try:
+        yield network
+    finally:
+        network.destroy()
+
+
+def test_joiners_need_the_secret_and_members_keep_access_once_restricted(hosts: Network) -> None:
+    server_host, member, foreigner = hosts[0], hosts[1], hosts[2]
+    store = NamespaceStore(server_host, "10.213.0.0/24", SECRET)
+    try:
+        # The round is open: a joiner must prove the secret; torch's client cannot.
+        assert use(member, store, "ours", "join-1", SECRET) == "ok"
+        assert use(foreigner, store, "ours", "join-2").startswith("refused")
+        assert use(foreigner, store, "ours", "join-3", b"a-wrong-secret-of-length").startswith("refused")
+        assert use(foreigner, store, "ours", "join-4", SECRET) == "ok"
+        assert use(member, store, "torch", "worker-0").startswith("refused")
+        assert store.ask("has join-2") == "False" and store.ask("has join-3") == "False"
+
+        # A foreigner connected with the secret before the round closed...
+        late = subprocess.Popen(
+            foreigner.argv([sys.executable, "-c", LATE_WRITER, server_host.addr, str(store.port), SECRET.decode()]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert late.stdout is not None
+        assert late.stdout.readline().strip() == "connected"
+
+        # The round closes: only the member (and loopback) may use the store now.
+        assert store.ask(f"restrict {member.addr}") == "ok"
+        assert use(member, store, "torch", "worker-1") == "ok"  # workers: admitted by address
+        assert use(member, store, "ours", "agent-1") == "ok"
+        assert use(server_host, store, "torch", "local-1", at="127.0.0.1") == "ok"
+        assert use(foreigner, store, "torch", "closing").startswith("refused")
+        assert use(foreigner, store, "ours", "closing-2", SECRET).startswith("refused")
+        assert store.ask("has closing") == "False" and store.ask("has closing-2") == "False"
+        assert store.ask("has worker-1") == "True"
+
+        # ... was cut off when it closed, and cannot write either.
+        out, _ = late.communicate("go\n", timeout=60)
+        assert out.strip().startswith("refused"), out
+        assert store.ask("has late") == "False"
+    finally:
+        store.close()
+
+
+def test_join_networks_refuse_outsiders_even_with_the_secret(hosts: Network) -> None:
+    server_host, inside, outside = hosts[0], hosts[1], hosts[2]
+    store = NamespaceStore(server_host, f"{inside.addr}/32", SECRET)
+    try:
+        assert use(inside, store, "ours", "in", SECRET) == "ok"
+        assert use(outside, store, "ours", "out", SECRET).startswith("refused")
+        assert store.ask("has out") == "False"
+    finally:
+        store.close()
+
+
+def test_restriction_without_a_secret_admits_members_by_address(hosts: Network) -> None:
+    server_host, member, foreigner = hosts[0], hosts[1], hosts[2]
+    store = NamespaceStore(server_host, "", None)
+    try:
+        assert use(foreigner, store, "torch", "before") == "ok"  # nothing configured: open
+        assert store.ask(f"restrict {member.addr}") == "ok"
+        assert use(foreigner, store, "torch", "after").startswith("refused")
+        assert use(foreigner, store, "ours", "after-2").startswith("refused")
+        assert use(member, store, "torch", "member") == "ok"
+        assert store.ask("has after") == "False" and store.ask("has member") == "True"
+    finally:
+        log = store.close()
+    # torch's client retried for seconds, each attempt refused: one line says so.
+    assert log.count(f"store server refused {foreigner.addr}") == 1, log
