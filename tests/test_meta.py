@@ -1,6 +1,6 @@
 """Every plugin kind is covered by construction.
 
-For each kind of ``launcher.plugins.hookspec.HOOKS_BY_KIND``: ``launcher.testing`` has a
+For each kind (each class of ``launcher.plugins.types.REGISTRATION_CLASSES``): ``launcher.testing`` has a
 conformance suite for it, the core runs that suite (``tests/kit``), and ``docs/plugins.md`` has a
 section for its hook with a complete example (a plugin module yielding the kind's registration,
 declared as an entry point of the guide's ``pyproject.toml``), which ``tests/kit/test_docs_examples.py``
@@ -13,14 +13,15 @@ import re
 from pathlib import Path
 
 import pytest
-from launcher.plugins.hookspec import HOOKS_BY_KIND, LauncherSpecs
-from launcher.plugins.types import REGISTRATION_TYPES
+from launcher.plugins.hookspec import LauncherSpecs
+from launcher.plugins.types import REGISTRATION_CLASSES
 from launcher.testing import PluginModuleConformance, conformance_suites
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "plugins.md"
 KIT = ROOT / "tests" / "kit"
-KINDS = sorted(HOOKS_BY_KIND)
+CLASS_OF_KIND = {cls.kind: cls for cls in REGISTRATION_CLASSES}
+KINDS = sorted(CLASS_OF_KIND)
 
 _FENCE = re.compile(r"^```([\w+-]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 _FILE_MARK = re.compile(r"^#\s*file:\s*(\S+)\s*\n")
@@ -61,8 +62,8 @@ def _entry_points(pyproject: str) -> dict[str, str]:
 
 def test_every_hook_has_a_kind() -> None:
     hooks = {name for name in vars(LauncherSpecs) if name.startswith("launcher_")}
-    assert hooks == set(HOOKS_BY_KIND.values())
-    assert set(REGISTRATION_TYPES) == set(HOOKS_BY_KIND)
+    assert hooks == {cls.hook for cls in REGISTRATION_CLASSES}
+    assert len(CLASS_OF_KIND) == len(REGISTRATION_CLASSES)  # one class per kind name
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -70,7 +71,7 @@ def test_kind_has_a_conformance_suite(kind: str) -> None:
     suites = conformance_suites()
     assert kind in suites, f"launcher.testing has no conformance suite for {kind!r} (SUITES_BY_KIND)"
     suite = suites[kind]
-    assert issubclass(suite, PluginModuleConformance) and suite.kind == kind
+    assert issubclass(suite, PluginModuleConformance) and suite.registration_type is CLASS_OF_KIND[kind]
     assert suite.__doc__ and suite.__doc__.strip(), f"{suite.__name__} needs a docstring saying how to use it"
     own_tests = [
         name
@@ -95,7 +96,7 @@ def test_the_core_runs_the_suite(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_kind_is_documented_with_a_complete_example(kind: str) -> None:
-    hook = HOOKS_BY_KIND[kind]
+    hook = CLASS_OF_KIND[kind].hook
     text = GUIDE.read_text()
     sections = [body for heading, body in _sections(text).items() if f"`{hook}`" in heading]
     assert len(sections) == 1, f"docs/plugins.md needs one '## ... (`{hook}`)' section, found {len(sections)}"
@@ -108,7 +109,7 @@ def test_kind_is_documented_with_a_complete_example(kind: str) -> None:
     assert examples, f"the {hook} section has no '# file:' module implementing the hook"
     [(path, code)] = examples.items()
     compile(code, path, "exec")
-    registration = REGISTRATION_TYPES[kind].__name__
+    registration = CLASS_OF_KIND[kind].__name__
     assert f"{registration}(" in code, f"the {hook} example yields no {registration}"
     module = path[: -len(".py")].replace("/", ".")
     pyprojects = [code for name, code in _files(text).items() if name == "pyproject.toml"]

@@ -47,20 +47,20 @@ def launch(config: LaunchConfig, entrypoint: Callable[..., Any] | str) -> Callab
     def run(*args: Any) -> dict[int, Any]:
         from launcher.agent.agent import Agent
         from launcher.agent.group import Entrypoint
-        from launcher.config import preflight
         from launcher.console import ensure_console_logging
+        from launcher.plan import build_plan
         from launcher.plugins.manager import get_plugin_manager
 
         # The same notices, in the same format, as the command line prints (OMP_NUM_THREADS...).
         ensure_console_logging()
 
-        manager = get_plugin_manager()
-        preflight(config, manager)
         if isinstance(entrypoint, str):
             entry = Entrypoint(command=[entrypoint, *map(str, args)])
         else:
             entry = Entrypoint(function=entrypoint, args=args)
-        result = Agent(config, entry, manager).run()
+        # Every check of the command line, before anything starts (a UsageError).
+        plan = build_plan(config, get_plugin_manager(), entry)
+        result = Agent(plan).run()
         if result.exit_code != 0:
             if result.report is not None:
                 raise WorkerFailedError(result.report.render(), result.failures, result.report)

@@ -11,11 +11,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from launcher.console import setup_console_logging
 from launcher.errors import LaunchError, UsageError
 from launcher.values import one_line, quote
+
+if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from launcher.failures.report import FailureReport
 
 log = logging.getLogger("launcher")
 
@@ -24,27 +27,27 @@ def plugins_command(argv: Sequence[str]) -> int:
     """``launcher plugins [--json]``: every installed plugin and what it provides."""
     import json
 
-    from launcher.plugins.manager import get_plugin_manager, registration_rows
+    from launcher.plugins.listing import registration_rows
+    from launcher.plugins.manager import get_plugin_manager
 
     unknown = [arg for arg in argv if arg not in ("--json",)]
     if unknown:
         raise UsageError(f"launcher plugins: unknown argument {quote(unknown[0])}; usage: launcher plugins [--json]")
-    manager = get_plugin_manager()
-    rows: list[dict[str, Any]] = registration_rows(manager)
+    rows = registration_rows(get_plugin_manager())
     if "--json" in argv:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([row.as_json() for row in rows], indent=2))
         return 0
     header = ("KIND", "NAME", "DESCRIPTION", "FROM", "LOADED")
     table: list[tuple[str, ...]] = [header]
     for row in rows:
-        provider = f"{row['distribution'] or '?'} {row['version'] or ''}".strip()
-        if row["group"] != "launcher":
-            provider += f" [{row['group']}]"
-        if row["loaded"]:
-            name = row["name"] + (f" ({', '.join(row['aliases'])})" if row["aliases"] else "")
-            table.append((row["kind"], name, row["description"], provider, "yes"))
+        provider = f"{row.distribution or '?'} {row.version or ''}".strip()
+        if row.group != "launcher":
+            provider += f" [{row.group}]"
+        if row.loaded and row.kind is not None and row.name is not None:
+            name = row.name + (f" ({', '.join(row.aliases)})" if row.aliases else "")
+            table.append((row.kind, name, row.description, provider, "yes"))
         else:
-            table.append(("-", row["plugin"], f"failed: {row['error']}", provider, "no"))
+            table.append(("-", row.plugin, f"failed: {row.error}", provider, "no"))
     widths = [max(len(str(r[i])) for r in table) for i in range(len(header) - 1)]
     for line in table:
         cells = [str(cell).ljust(width) for cell, width in zip(line, widths, strict=False)]
@@ -52,34 +55,27 @@ def plugins_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def write_root_cause(report: Any, path: str) -> None:
+def write_root_cause(report: FailureReport, path: str) -> None:
     """Write the root cause to the launcher's own error file, as torchrun does.
 
     Set when something launched the launcher the way launcher launches workers (TorchX's local
     schedulers, an outer torchelastic agent): that parent then reports our root cause instead of
     a bare exit status. The format is the one ``@record`` writes.
     """
-    import json
-
-    root = report.root_cause
-    message = root.summary() or f"worker rank {root.failure.rank} {root.exit_description()}"
-    callstack = root.traceback or "\n".join(root.failure.stderr_tail)
-    content = {
-        "message": {
-            "message": f"rank {root.failure.rank} on {root.failure.node}: {message}",
-            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(root.time))},
-        }
-    }
     try:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(content, handle)
+        report.write_error_file(path)
     except OSError as exc:
         log.warning("cannot write the error file %s: %s", path, exc)
 
 
 def run(argv: Sequence[str]) -> int:
-    """Run the command line ``argv`` (without the program name); the exit status."""
-    from launcher.config import config_from_args
+    """Run the command line ``argv`` (without the program name); the exit status.
+
+    command line ─► :class:`~launcher.config.LaunchConfig` ─► :class:`~launcher.plan.LaunchPlan`
+    ─► :class:`~launcher.agent.agent.Agent`: every problem with the input ends the first two steps
+    (a :class:`UsageError`, exit status 2) before the agent starts anything.
+    """
+    from launcher.command_line import config_from_args
     from launcher.options import parse_args
     from launcher.plugins.manager import get_plugin_manager
 
@@ -91,19 +87,13 @@ def run(argv: Sequence[str]) -> int:
 
     apply_cluster(args, manager)  # fills only the flags the command line left out
     command_line = config_from_args(args, manager)
+    from launcher.plan import build_plan
 
+    plan = build_plan(command_line.config, manager, command_line.entrypoint(),
+                      device_provider=command_line.device_provider)
     from launcher.agent.agent import Agent
-    from launcher.agent.group import Entrypoint
 
-    if command_line.run_path is not None:
-        from launcher.run_path import run_script
-
-        script, script_args = command_line.run_path
-        entry = Entrypoint(function=run_script, args=(script, *script_args))
-    else:
-        entry = Entrypoint(command=command_line.command)
-    agent = Agent(command_line.config, entry, manager, device_provider=command_line.device_provider)
-    result = agent.run()
+    result = Agent(plan).run()
     if result.report is not None:
         sys.stderr.write(result.report.render().rstrip("\n") + "\n")
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):

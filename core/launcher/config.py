@@ -1,23 +1,21 @@
-"""The validated description of a launch, and how the command line becomes one.
+"""The validated description of a launch: :class:`LaunchConfig` and the readers of its values.
 
-:class:`LaunchConfig` is both the Python API's input and what the CLI builds from its flags, so
-the two paths validate the same way. Validation happens before anything starts: every problem
-is a :class:`~launcher.errors.UsageError` with one line that says what is wrong and what would be
-right.
+:class:`LaunchConfig` is both the Python API's input and what the CLI builds from its flags
+(:mod:`launcher.command_line`), so the two paths validate values the same way. This module checks
+values only; the plugins a config names are resolved, and the machine checked, when the launch
+plan is built (:func:`launcher.plan.build_plan`). Every problem is a
+:class:`~launcher.errors.UsageError` with one line that says what is wrong and what would be right.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from launcher.errors import UsageError
-from launcher.rendezvous.endpoint import check_host, format_endpoint
 from launcher.values import (
     MAX_NODES,
     MAX_NPROC,
@@ -25,17 +23,8 @@ from launcher.values import (
     parse_int,
     parse_seconds,
     quote,
-    read_float,
     read_int,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    import argparse
-
-    from launcher.plugins.manager import LauncherPluginManager
-    from launcher.plugins.types import DeviceProvider
-
-log = logging.getLogger("launcher")
 
 #: Std bitmask values, as torchrun's ``Std``: which streams go to files.
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
@@ -83,8 +72,6 @@ class LaunchConfig:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     exit_barrier_timeout: float = 300.0
     virtual_local_rank: bool = False
-    #: Device provider name behind ``--nproc-per-node`` (for ``--virtual-local-rank``), if any.
-    device_kind: str | None = None
     numa_binding: str | None = None
     numa_fallback: str = "warn"
     #: ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``; ``None`` gives ``[<role><local_rank>]:``.
@@ -98,6 +85,8 @@ class LaunchConfig:
     hang_timeout: float | None = None
     #: What counts as progress: ``heartbeat`` (launcher.heartbeat() calls) or ``output`` (those or any line).
     hang_watch: str = "heartbeat"
+    #: ``--preload``: modules a per-node template imports once, workers forked from it (launcher.agent.preload).
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -127,7 +116,7 @@ class LaunchConfig:
         if self.worker_tty not in ("auto", "always", "never"):
             raise UsageError(f"--worker-tty must be auto, always or never, got {quote(self.worker_tty)}")
         for spec, flag in ((self.redirects, "--redirects"), (self.tee, "--tee")):
-            _check_std(spec, flag, self.nproc_per_node)
+            check_std(spec, flag, self.nproc_per_node)
         if self.local_ranks_filter is not None:
             for rank in self.local_ranks_filter:
                 parse_int(rank, "--local-ranks-filter rank", 0, self.nproc_per_node - 1)
@@ -136,13 +125,17 @@ class LaunchConfig:
 
         self.hang_timeout = parse_hang_timeout(self.hang_timeout)
         self.hang_watch = parse_hang_watch(self.hang_watch)
+        from launcher.agent.preload import parse_preload  # --preload
+
+        self.preload = parse_preload(self.preload)
 
     @property
     def signal_numbers(self) -> list[int]:
         return signal_numbers(self.signals_to_handle)
 
 
-def _check_std(spec: StdSpec, flag: str, nproc: int) -> None:
+def check_std(spec: StdSpec, flag: str, nproc: int) -> None:
+    """``--redirects``/``--tee`` values are 0-3, keyed (if at all) by local ranks below ``nproc``."""
     values = spec.values() if isinstance(spec, dict) else [spec]
     for value in values:
         if isinstance(value, bool) or value not in (0, 1, 2, 3):
@@ -174,12 +167,6 @@ def signal_numbers(names: Sequence[str]) -> list[int]:
 def new_run_id() -> str:
     """A random job id (what ``uuid.uuid4().hex`` gives, without importing uuid)."""
     return os.urandom(16).hex()
-
-
-def _which(program: str) -> str | None:
-    import shutil
-
-    return shutil.which(program)
 
 
 # -- parsing of individual flag values ----------------------------------------------------------
@@ -264,204 +251,3 @@ def parse_filters(value: str | Sequence[str]) -> list[str]:
     placeholder = "\x00"
     items = value.replace(",,", placeholder).split(",")
     return [item.replace(placeholder, ",") for item in items if item]
-
-
-# -- the command line ---------------------------------------------------------------------------
-
-
-@dataclass
-class CommandLine:
-    """What the CLI runs: the validated config and each worker's command."""
-
-    config: LaunchConfig
-    #: argv of the worker command (``${local_rank}`` substituted per worker); empty for run-path.
-    command: list[str]
-    #: For ``--run-path``: the script run in-process with runpy, and its arguments.
-    run_path: tuple[str, list[str]] | None = None
-    device_provider: DeviceProvider | None = None
-
-
-def resolve_nproc(value: str, manager: LauncherPluginManager,
-                  name: str = "--nproc-per-node") -> tuple[int, DeviceProvider | None]:
-    """An integer from 1 to :data:`~launcher.values.MAX_NPROC`, or a device kind counted by its provider."""
-    text = value.strip()
-    # Anything number-like ("1e3", "-2", "٣", "²", "") is read as a count, never as a device kind;
-    # a name with digits in it ("gaudi2") is still a device kind.
-    if not text or read_float(text) is not None or all(ch.isnumeric() or ch in "+-." for ch in text):
-        return parse_int(text, name, 1, MAX_NPROC), None  # the common case loads no provider
-    from launcher.devices import resolve_nproc_per_node
-
-    count, provider = resolve_nproc_per_node(value, manager)
-    if count > MAX_NPROC:
-        raise UsageError(f"{name} {quote(value)} counts {count} devices; at most {MAX_NPROC} workers per node")
-    return count, provider
-
-
-def _python_program(env: Mapping[str, str]) -> str:
-    """``PYTHON_EXEC`` when set (checked to name a program), else this interpreter."""
-    python = env.get("PYTHON_EXEC")
-    if python is None:
-        return sys.executable
-    found = _which(python) if os.sep not in python else (python if os.access(python, os.X_OK) else None)
-    if not python.strip() or found is None or os.path.isdir(found):
-        raise UsageError(f"PYTHON_EXEC={quote(python)} names no executable program; unset it to use {sys.executable}")
-    return python
-
-
-def _worker_command(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[str], tuple[str, list[str]] | None]:
-    """The worker's argv, or for ``--run-path`` the script and its arguments."""
-    script: str = args.training_script
-    script_args: list[str] = list(args.training_script_args)
-    if not script.strip():
-        kind = "module" if args.module else "program" if args.no_python else "script"
-        raise UsageError(f"the {kind} name is empty: give the {kind} each worker runs")
-    if args.no_python and args.module:
-        raise UsageError("--no-python and -m/--module cannot be used together: pick one")
-    if args.run_path:
-        path = os.path.abspath(script)
-        if not os.path.isfile(path):
-            raise UsageError(f"script {quote(script)} not found (--run-path needs a Python file)")
-        return [], (path, script_args)
-    if args.no_python:
-        if os.sep in script:
-            if not (os.path.isfile(script) and os.access(script, os.X_OK)):
-                raise UsageError(f"program {quote(script)} not found or not executable (--no-python runs it directly)")
-        elif _which(script) is None:
-            raise UsageError(f"program {quote(script)} not found on PATH (--no-python runs it directly)")
-        return [script, *script_args], None
-    if args.module:
-        if not all(part.isidentifier() for part in script.split(".")):
-            raise UsageError(f"-m {quote(script)} is not a module name: use dotted names like package.module")
-        return [_python_program(env), "-u", "-m", script, *script_args], None
-    if not os.path.isfile(script):
-        hint = " (use -m to run a module, or --no-python for a program)" if not script.endswith(".py") else ""
-        raise UsageError(f"script {quote(script)} not found{hint}")
-    return [_python_program(env), "-u", script, *script_args], None
-
-
-def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
-                     environ: Mapping[str, str] | None = None) -> CommandLine:
-    """Validate parsed flags and build the launch; raises :class:`UsageError`.
-
-    Messages name where a value came from: the flag, or its ``PET_*`` variable.
-    """
-    from launcher.options import source_name
-
-    def name(dest: str) -> str:
-        return source_name(args, dest)
-
-    env = os.environ if environ is None else environ
-    min_nodes, max_nodes = parse_nnodes(args.nnodes, name("nnodes"))
-    command, run_path = _worker_command(args, env)
-    nproc, provider = resolve_nproc(args.nproc_per_node, manager, name("nproc_per_node"))
-
-    rdzv_conf = parse_rdzv_conf(args.rdzv_conf)
-    if args.standalone:
-        backend, endpoint, run_id = "c10d", "localhost:0", new_run_id()
-    else:
-        backend, endpoint, run_id = args.rdzv_backend.strip().lower(), args.rdzv_endpoint, args.rdzv_id
-    if backend == "static":
-        if min_nodes != max_nodes:
-            raise UsageError(f"--nnodes {args.nnodes}: the static backend needs a fixed size; use c10d for MIN:MAX")
-        node_rank = parse_int(args.node_rank, name("node_rank"), 0, max_nodes - 1)
-        rdzv_conf["rank"] = str(node_rank)
-        if not endpoint.strip():
-            port = DEFAULT_MASTER_PORT
-            if args.master_port is not None:
-                port = parse_int(args.master_port, name("master_port"), 0, 65535)
-            host = check_host(args.master_addr.strip(), name("master_addr"))
-            endpoint = format_endpoint(host, port)
-    if args.local_addr is not None:
-        check_host(args.local_addr.strip(), name("local_addr"))
-
-    shutdown_timeout = args.shutdown_timeout
-    shutdown_name = name("shutdown_timeout")
-    if shutdown_timeout is None:
-        shutdown_timeout = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT)
-        shutdown_name = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-
-    config = LaunchConfig(
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        nproc_per_node=nproc,
-        run_id=run_id,
-        role=args.role,
-        rdzv_endpoint=endpoint,
-        rdzv_backend=backend,
-        rdzv_configs=dict(rdzv_conf),
-        max_restarts=parse_int(args.max_restarts, name("max_restarts"), 0, MAX_RESTARTS),
-        monitor_interval=parse_seconds(
-            args.monitor_interval, name("monitor_interval"), MAX_MONITOR_INTERVAL, zero=False
-        ),
-        start_method=args.start_method,
-        log_dir=args.log_dir or None,
-        redirects=_std_for(parse_std(args.redirects, name("redirects")), name("redirects"), nproc),
-        tee=_std_for(parse_std(args.tee, name("tee")), name("tee"), nproc),
-        local_ranks_filter=parse_ranks_filter(args.local_ranks_filter, name("local_ranks_filter")),
-        duplicate_stdout_filters=parse_filters(args.duplicate_stdout_filters),
-        duplicate_stderr_filters=parse_filters(args.duplicate_stderr_filters),
-        logs_specs=args.logs_specs,
-        event_log_handlers=[n.strip() for n in args.event_log_handler.split(",") if n.strip()] or ["null"],
-        local_addr=args.local_addr,
-        signals_to_handle=[s for s in args.signals_to_handle.split(",") if s.strip()],
-        shutdown_timeout=parse_seconds(shutdown_timeout, shutdown_name),
-        exit_barrier_timeout=parse_seconds(args.exit_barrier_timeout, name("exit_barrier_timeout")),
-        virtual_local_rank=bool(args.virtual_local_rank),
-        device_kind=provider.name if provider is not None else None,
-        numa_binding=args.numa_binding,
-        numa_fallback=args.numa_fallback,
-        log_line_prefix_template=env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
-        worker_tty=args.worker_tty.strip().lower(),
-        hang_timeout=args.hang_timeout,
-        hang_watch=args.hang_watch,
-    )
-    preflight(config, manager)
-    return CommandLine(config=config, command=command, run_path=run_path, device_provider=provider)
-
-
-def _std_for(spec: StdSpec, flag: str, nproc: int) -> StdSpec:
-    """``spec`` after checking its local ranks against this node's worker count."""
-    _check_std(spec, flag, nproc)
-    return spec
-
-
-def preflight(config: LaunchConfig, manager: LauncherPluginManager) -> None:
-    """Every check that needs plugins or the machine, before anything starts (CLI and Python API)."""
-    validate_plugins(config, manager)
-    if config.log_dir:
-        check_log_dir(config.log_dir)
-    from launcher.limits import check_worker_limits
-
-    check_worker_limits(config.nproc_per_node)
-
-
-def check_log_dir(path: str) -> None:
-    """``path`` exists as a writable directory afterwards (created if missing), or a one-line error.
-
-    Creating it is what the logs would do a moment later; doing it now turns a traceback in the
-    middle of the start into a usage error before it.
-    """
-    if path == os.devnull:
-        return
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"--log-dir {quote(path)} is a file, not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise UsageError(f"--log-dir {quote(path)} cannot be created or written: {reason}") from None
-
-
-def validate_plugins(config: LaunchConfig, manager: LauncherPluginManager) -> None:
-    """Check that every plugin the config names exists (and its settings), before any start."""
-    from launcher.rendezvous.registry import check_rendezvous_config
-
-    check_rendezvous_config(config, manager)
-    if isinstance(config.logs_specs, str):
-        manager.get("logs specs", config.logs_specs)
-    for name in config.event_log_handlers:
-        manager.get("event handler", name)
-    if config.numa_binding:
-        manager.get("numa strategy", config.numa_binding)

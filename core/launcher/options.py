@@ -1,7 +1,7 @@
 """The command line: every torchrun flag, in both spellings, with ``PET_*`` fallbacks.
 
 The parser only reads text; turning it into a validated :class:`~launcher.config.LaunchConfig`
-is :func:`launcher.config.config_from_args`. Any error is a :class:`~launcher.errors.UsageError`:
+is :func:`launcher.command_line.config_from_args`. Any error is a :class:`~launcher.errors.UsageError`:
 one line, exit status 2, no traceback.
 """
 
@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
         "is printed and the group restarts like a failed one (default: off).")
     add(*_flag("--hang-watch"), action=_EnvDefault, default="heartbeat",
         help="What counts as progress for --hang-timeout: heartbeat (default), or output (any output line too).")
+    add("--preload", action=_EnvDefault, default="",
+        help="Comma list of modules ('torch', ...) that a template process imports once per node; every "
+        "worker, at each start and restart, is forked from it instead of importing them again (default: none).")
     add("--cluster", action=_EnvDefault, default="auto",
         help="Fill missing flags from a scheduler's environment: auto (default), none (torchrun's "
         "behaviour), or a cluster environment's name (slurm, openmpi, mpich, pmix, lsf, kubeflow).")

@@ -144,6 +144,8 @@ def test_kubeflow_pods_make_one_job(tmp_path: Path) -> None:
         "value = torch.tensor([float(os.environ['RANK']) + 1])\n"
         "dist.all_reduce(value)\n"
         "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'sum', int(value.item()), flush=True)\n"
+        # Without it gloo may abort a worker at exit ("terminate called without an active exception").
+        "dist.destroy_process_group()\n"
     )
     port = _free_port()
     pods = [

@@ -12,11 +12,12 @@ from .conftest import FOUR_BUS_IDS, FakeNvml
 
 LIST_ALL = """
 import json, sys
-from launcher.plugins.manager import get_plugin_manager, registration_rows
+from launcher.plugins.listing import registration_rows
+from launcher.plugins.manager import get_plugin_manager
 manager = get_plugin_manager(environ={})
 rows = registration_rows(manager)
 print(json.dumps({
-    "names": sorted(r["name"] for r in rows if r["kind"] in ("device provider", "numa strategy")),
+    "names": sorted(r.name for r in rows if r.kind in ("device provider", "numa strategy")),
     "torch": "torch" in sys.modules,
     "pynvml": "pynvml" in sys.modules,
 }))

@@ -84,7 +84,7 @@ def test_a_numeric_nproc_binds_to_the_gpus_auto_finds(
 def test_the_auto_registration_itself_follows_the_provider_it_picks(
     eight_gpus: FakeNvml, sysfs: str, manager: LauncherPluginManager
 ) -> None:
-    auto = manager.get("device provider", "auto")
+    auto = manager.get(DeviceProvider, "auto")
     assert isinstance(auto, DeviceProvider)
     plan = plan_affinity("node", 8, auto, manager, sysfs_root=sysfs, on_failure="error")
     assert plan == [NODE0] * 4 + [NODE1] * 4

@@ -29,10 +29,10 @@ def _context(**environ: str) -> SinkContext:
 
 def test_builtins_come_from_the_core_distribution(plugin_manager: LauncherPluginManager) -> None:
     for name in ("null", "dynamic_rendezvous", "console", "jsonl"):
-        provided = plugin_manager.lookup("event handler", name)
+        provided = plugin_manager.lookup(EventHandler, name)
         assert provided.plugin.distribution == "launcher"
-    assert plugin_manager.get("event handler", "dynamic_rendezvous") is plugin_manager.get(
-        "event handler", "null"
+    assert plugin_manager.get(EventHandler, "dynamic_rendezvous") is plugin_manager.get(
+        EventHandler, "null"
     )
 
 

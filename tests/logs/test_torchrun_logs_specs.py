@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from launcher.plugins.manager import get_plugin_manager
+from launcher.plugins.types import LogsSpecsProvider
 
 from tests.logs.conftest import launch, lines, run_dir
 
@@ -135,7 +136,7 @@ def test_launcher_plugins_come_first(torchrun_plugin, monkeypatch):
     # torch itself registers "default" under torchrun.logs_specs; launcher's own wins.
     monkeypatch.syspath_prepend(torchrun_plugin["PYTHONPATH"])
     manager = get_plugin_manager(environ={})
-    assert manager.lookup("logs specs", "default").plugin.group == "launcher"
-    provided = manager.lookup("logs specs", "flat")
+    assert manager.lookup(LogsSpecsProvider, "default").plugin.group == "launcher"
+    provided = manager.lookup(LogsSpecsProvider, "flat")
     assert provided.plugin.group == "torchrun.logs_specs"
     assert provided.plugin.distribution == "flat-logs"

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from launcher.devices import resolve_nproc_per_node, virtual_local_rank_env
 from launcher.numa import plan_affinity
-from launcher.plugins.manager import PluginNotFoundError, get_plugin_manager, registration_rows
+from launcher.plugins.listing import registration_rows
+from launcher.plugins.manager import PluginNotFoundError, get_plugin_manager
+from launcher.plugins.types import DeviceProvider, NumaStrategy
 
 from .conftest import HostTree
 
@@ -66,12 +68,12 @@ def installed_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_get_plugin_manager_finds_both(installed_plugin: Path) -> None:
     manager = get_plugin_manager(environ={})
-    assert "round-robin" in manager.names("numa strategy")
-    assert "testacc" in manager.names("device provider")
-    rows = {row["name"]: row for row in registration_rows(manager)}
-    assert rows["testacc"]["distribution"] == "launcher-testacc"
-    assert rows["testacc"]["version"] == "0.3"
-    assert rows["round-robin"]["plugin"] == "testacc"
+    assert "round-robin" in manager.names(NumaStrategy)
+    assert "testacc" in manager.names(DeviceProvider)
+    rows = {row.name: row for row in registration_rows(manager)}
+    assert rows["testacc"].distribution == "launcher-testacc"
+    assert rows["testacc"].version == "0.3"
+    assert rows["round-robin"].plugin == "testacc"
 
 
 @pytest.mark.parametrize("fixture_host", ["two_socket"], indirect=True)
@@ -95,7 +97,7 @@ def test_the_plugins_provider_and_strategy_work(installed_plugin: Path, fixture_
 
 def test_disabling_autoload_leaves_it_out(installed_plugin: Path) -> None:
     manager = get_plugin_manager(environ={"LAUNCHER_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    assert "node" in manager.names("numa strategy")  # the core's own stay
-    assert "round-robin" not in manager.names("numa strategy")
+    assert "node" in manager.names(NumaStrategy)  # the core's own stay
+    assert "round-robin" not in manager.names(NumaStrategy)
     with pytest.raises(PluginNotFoundError):
         resolve_nproc_per_node("testacc", manager)

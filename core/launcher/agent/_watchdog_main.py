@@ -13,6 +13,9 @@ worker the agent was forking when it died execs, and so shows its token, a momen
 The functions here are also the agent's own tools for its stop-time sweep (``group.py``).
 """
 
+# Annotations are never evaluated: this script imports nothing it does not use (not even typing).
+from __future__ import annotations
+
 import contextlib
 import os
 import signal
@@ -23,7 +26,7 @@ import time
 TOKEN_VARIABLE = "LAUNCHER_JOB_TOKEN"
 
 
-def process_stat(pid):
+def process_stat(pid: int) -> tuple[int, int] | None:
     """(ppid, session id) of a process, or None if it is gone (a zombie is gone: it cannot be killed)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -37,10 +40,10 @@ def process_stat(pid):
     return int(fields[1]), int(fields[3])
 
 
-def descendants(roots):
+def descendants(roots: list[int]) -> set[int]:
     """``roots`` and every process below them, by the kernel's children lists (no full scan)."""
-    found = set()
-    pending = [pid for pid in roots]
+    found: set[int] = set()
+    pending = list(roots)
     while pending:
         pid = pending.pop()
         if pid in found:
@@ -59,9 +62,9 @@ def descendants(roots):
     return found
 
 
-def session_tree(sessions):
+def session_tree(sessions: set[int] | tuple[int, ...]) -> set[int]:
     """Pids in the given sessions, the session leaders, and all their descendants."""
-    table = {}
+    table: dict[int, tuple[int, int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             info = process_stat(int(entry))
@@ -80,7 +83,7 @@ def session_tree(sessions):
     return doomed
 
 
-def job_processes(token, exclude=()):
+def job_processes(token: str | bytes, exclude: set[int] | tuple[int, ...] = ()) -> list[int]:
     """Pids whose environment (as it was at exec) holds ``token``; zombies and kernel threads have none."""
     needle = token.encode() if isinstance(token, str) else token
     if not needle:  # an empty token is in every environment: match nothing rather than everything
@@ -99,7 +102,8 @@ def job_processes(token, exclude=()):
     return found
 
 
-def kill_job(token, sessions=(), timeout=10.0, quiet=0.5):
+def kill_job(token: str | bytes, sessions: set[int] | tuple[int, ...] = (), timeout: float = 10.0,
+             quiet: float = 0.5) -> None:
     """SIGKILL the job's processes until none has been seen for ``quiet`` seconds (or ``timeout``)."""
     me = {os.getpid()}
     deadline = time.monotonic() + timeout
@@ -120,11 +124,11 @@ def kill_job(token, sessions=(), timeout=10.0, quiet=0.5):
         time.sleep(0.02)
 
 
-def main():
+def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_IGN)  # outlive the agent's own signals to clean up after it
     token = sys.argv[1] if len(sys.argv) > 1 else ""
-    sessions = set()
+    sessions: set[int] = set()
     stream = sys.stdin.buffer
     clean = False
     for line in stream:

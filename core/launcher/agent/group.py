@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from string import Template
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from launcher.agent._watchdog_main import descendants, job_processes
 from launcher.agent.process import WorkerProcess, start_command, start_function
@@ -27,6 +27,9 @@ from launcher.agent.watchdog import Watchdog, job_env
 from launcher.logs.pump import OutputPump, StreamRoute, open_log
 from launcher.logs.specs import CONSOLE
 from launcher.logs.terminal import WorkerTerminals, stream_wants_terminal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.preload import Preloader
 
 log = logging.getLogger("launcher.agent")
 
@@ -92,6 +95,8 @@ class WorkerGroup:
         self._hurry = False
         self._swept = False  # a stop swept after every worker ended: close need not scan again
         self._terminals = WorkerTerminals()
+        #: --preload's template, when this attempt's workers are forked from it (the sweep spares it).
+        self._preload: Preloader | None = None
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -108,14 +113,19 @@ class WorkerGroup:
         start_method: str,
         result_dir: str,
         worker_tty: str = "never",
+        preload: Preloader | None = None,
     ) -> None:
         """Start every worker; ``dest`` is the LogsSpecs' LogsDest for this attempt.
 
         ``worker_tty`` (``auto``, ``always``, ``never``) says which streams are pseudo-terminals
-        rather than pipes (:mod:`launcher.logs.terminal`).
+        rather than pipes (:mod:`launcher.logs.terminal`). ``preload`` (``--preload``) forks
+        command workers from its template when it can.
         """
         nproc = len(self.slots)
         guarded = self._watchdog.running
+        if preload is not None and entry.command is not None and preload.prepare(  # --preload
+                [job_env(slot.env, self._watchdog.token) for slot in self.slots], self._wakeup_fd):
+            self._preload = preload
         close_fds = (self._watchdog.pipe_fd,) if self._watchdog.pipe_fd is not None else ()
         tee_any = bool(dest.tee_stdouts) or bool(dest.tee_stderrs)
         filtered_out = self._open_filtered(dest.filtered_stdout, stdout_filters)
@@ -144,8 +154,11 @@ class WorkerGroup:
             try:
                 if entry.command is not None:
                     argv = substitute_local_rank(entry.command, rank)
-                    slot.process = start_command(rank, argv, env, out_w, err_w, worker_cpus,
-                                                 parent_death_signal=not guarded)
+                    slot.process = None if self._preload is None else self._preload.start_worker(
+                        rank, argv, env, out_w, err_w, worker_cpus, parent_death_signal=not guarded)
+                    if slot.process is None:
+                        slot.process = start_command(rank, argv, env, out_w, err_w, worker_cpus,
+                                                     parent_death_signal=not guarded)
                 else:
                     assert entry.function is not None
                     slot.process = start_function(
@@ -246,11 +259,6 @@ class WorkerGroup:
 
     # -- stopping ----------------------------------------------------------------------------
 
-    def signal_all(self, signum: int) -> None:
-        for slot in self.running():
-            assert slot.process is not None
-            slot.process.signal_group(signum)
-
     def hurry(self) -> None:
         """Skip what is left of the grace period of a :meth:`stop` (a second Ctrl-C or SIGTERM)."""
         self._hurry = True
@@ -305,7 +313,7 @@ class WorkerGroup:
         start-up path); it repeats while it finds something, since a process can fork while its
         parent is being killed.
         """
-        exclude = {os.getpid(), self._watchdog.pid or 0}
+        exclude = {os.getpid(), self._watchdog.pid or 0, (self._preload and self._preload.pid) or 0}
         exclude.update(slot.process.pid for slot in self.running() if slot.process is not None)
         killed: set[int] = set()
         deadline = time.monotonic() + timeout

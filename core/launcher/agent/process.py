@@ -5,7 +5,8 @@ it started, and a terminal's Ctrl-C reaches only the agent), with the parent-dea
 SIGKILL so that it cannot outlive an agent that is killed outright. Its stdout and stderr are
 pipes the agent reads. Exit is observed through a file descriptor (a pidfd, or the
 multiprocessing sentinel) that the agent's selector watches, so a worker's exit is noticed at
-once, not at the next poll.
+once, not at the next poll. With ``--preload`` a worker is forked from a template process instead
+(:mod:`launcher.agent.preload`), and is still the agent's own child (:class:`ForkedWorker`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import multiprocessing.process
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _libc: Any = None
 
 
@@ -76,15 +78,10 @@ class WorkerProcess:
         """Release the exit descriptor."""
 
 
-class CommandWorker(WorkerProcess):
-    """A worker that runs a command (``python -u script.py``, ``python -m mod``, a binary)."""
+class ChildWorker(WorkerProcess):
+    """A worker that is this process's own child: its exit is seen through a pidfd."""
 
-    def __init__(self, local_rank: int, popen: subprocess.Popen[bytes], started_at: float) -> None:
-        super().__init__(local_rank, popen.pid, started_at)
-        self._popen = popen
-        self._pidfd: int | None = None
-        with contextlib.suppress(OSError, AttributeError):
-            self._pidfd = os.pidfd_open(popen.pid)
+    _pidfd: int | None = None
 
     def fileno(self) -> int:
         if self._pidfd is None:
@@ -95,6 +92,28 @@ class CommandWorker(WorkerProcess):
     def has_exit_fd(self) -> bool:
         return self._pidfd is not None
 
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A descriptor readable once ``pid`` exits, or ``None`` where pidfds are not available."""
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+class CommandWorker(ChildWorker):
+    """A worker that runs a command (``python -u script.py``, ``python -m mod``, a binary)."""
+
+    def __init__(self, local_rank: int, popen: subprocess.Popen[bytes], started_at: float) -> None:
+        super().__init__(local_rank, popen.pid, started_at)
+        self._popen = popen
+        self._pidfd = _open_pidfd(popen.pid)
+
     def poll(self) -> int | None:
         if self.returncode is None:
             code = self._popen.poll()
@@ -102,11 +121,6 @@ class CommandWorker(WorkerProcess):
                 self.returncode = code
                 self.ended_at = time.time()
         return self.returncode
-
-    def close(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
 
 
 def start_command(
@@ -149,6 +163,35 @@ def start_command(
         cwd=cwd,
     )
     return CommandWorker(local_rank, popen, time.time())
+
+
+class ForkedWorker(ChildWorker):
+    """A worker forked from the ``--preload`` template (:mod:`launcher.agent.preload`).
+
+    The template forks it twice and the agent is a child subreaper at that moment, so it is the
+    agent's own child, as a :class:`CommandWorker` is: its status comes from ``waitpid`` and its
+    exit is seen through a pidfd, the same way.
+    """
+
+    def __init__(self, local_rank: int, pid: int, started_at: float) -> None:
+        super().__init__(local_rank, pid, started_at)
+        self._pidfd = _open_pidfd(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost (never expected)
+                pid, status = self.pid, 255 << 8
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                self.ended_at = time.time()
+        return self.returncode
+
+
+def set_child_subreaper(on: bool) -> None:
+    """Make orphaned descendants re-parent to this process (``on``) or to init again (Linux)."""
+    _prctl()(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
 
 
 class FunctionWorker(WorkerProcess):

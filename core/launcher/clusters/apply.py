@@ -15,13 +15,13 @@ from collections.abc import Mapping
 
 from launcher.clusters.api import ClusterInfo
 from launcher.errors import UsageError
+from launcher.plugins.listing import unique_registrations
 from launcher.plugins.manager import LauncherPluginManager
 from launcher.plugins.types import ClusterEnvironment
 
 # The rendezvous logger: its INFO lines are shown by default (cli._setup_logging).
 log = logging.getLogger("launcher.rendezvous.cluster")
 
-KIND = "cluster environment"
 #: The flags a cluster environment may fill (argparse dests).
 FILLABLE = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "node_rank",
             "master_addr", "master_port", "standalone")
@@ -40,12 +40,8 @@ def given_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> set[str
 
 def environments(manager: LauncherPluginManager) -> list[ClusterEnvironment]:
     """Every registered cluster environment, in the order ``auto`` tries them."""
-    unique: dict[int, ClusterEnvironment] = {}
-    for provided in manager.registrations(KIND).values():
-        reg = provided.registration
-        assert isinstance(reg, ClusterEnvironment)
-        unique[id(reg)] = reg
-    return sorted(unique.values(), key=lambda reg: (reg.priority, reg.name))
+    unique = [provided.registration for provided in unique_registrations(manager, ClusterEnvironment)]
+    return sorted(unique, key=lambda reg: (reg.priority, reg.name))
 
 
 def detect(choice: str, manager: LauncherPluginManager, environ: Mapping[str, str]) -> ClusterInfo | None:
@@ -59,12 +55,11 @@ def detect(choice: str, manager: LauncherPluginManager, environ: Mapping[str, st
             if info is not None:
                 return info
         return None
-    found = manager.registrations(KIND)
+    found = manager.registrations(ClusterEnvironment)
     if name not in found:
         choices = ", ".join(["auto", "none", *sorted(found)])
         raise UsageError(f"unknown --cluster {choice!r}: choose one of {choices}")
     chosen = found[name].registration
-    assert isinstance(chosen, ClusterEnvironment)
     info = chosen.detect(environ)
     if info is None:
         marks = " or ".join(chosen.variables) or "its variables"

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 
 from launcher.devices.errors import DeviceUnavailableError
 from launcher.errors import UsageError
-from launcher.plugins.manager import PluginNotFoundError, select
+from launcher.plugins.errors import PluginNotFoundError
+from launcher.plugins.listing import unique_registrations
 from launcher.plugins.types import DeviceProvider
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.plugins.manager import LauncherPluginManager
 
 __all__ = [
-    "KIND",
     "DeviceUnavailableError",
     "registered_providers",
     "resolve_nproc_per_node",
@@ -39,29 +39,18 @@ __all__ = [
 
 log = logging.getLogger("launcher.devices")
 
-#: The plugin kind of device providers.
-KIND = "device provider"
-
 # When --nproc-per-node is a number, torchrun's --virtual-local-rank uses CUDA's variable.
 _DEFAULT_VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 def registered_providers(manager: LauncherPluginManager) -> list[DeviceProvider]:
     """Every registered device provider once (aliases collapsed), in registration order."""
-    seen: set[int] = set()
-    providers: list[DeviceProvider] = []
-    for provided in manager.registrations(KIND).values():
-        reg = provided.registration
-        if id(reg) in seen or not isinstance(reg, DeviceProvider):
-            continue
-        seen.add(id(reg))
-        providers.append(reg)
-    return providers
+    return [provided.registration for provided in unique_registrations(manager, DeviceProvider)]
 
 
 def _find_provider(name: str, manager: LauncherPluginManager) -> DeviceProvider:
     try:
-        return select(manager, KIND, name, DeviceProvider)
+        return manager.get(DeviceProvider, name)
     except PluginNotFoundError:
         # A name known only at run time (the privateuse1 backend's) is asked for only after every
         # registered name missed, because answering may import torch.

@@ -249,7 +249,7 @@ def create_event_bus(
 ) -> EventBus:
     """Build the bus for ``--event-log-handler`` ``names`` (comma lists accepted), via ``manager``.
 
-    Each name is resolved with ``manager.get("event handler", name)`` (a
+    Each name is resolved with ``manager.get(EventHandler, name)`` (a
     :class:`~launcher.plugins.manager.LauncherPluginManager`) and its sink created with
     ``context``. An unknown name, or a sink that cannot start (a missing setting), raises a
     :class:`~launcher.errors.UsageError` before any worker starts; sinks already created are
@@ -264,9 +264,7 @@ def create_event_bus(
     created: list[tuple[str, EventSink]] = []
     try:
         for name in parse_handler_names(names):
-            registration = manager.get("event handler", name)
-            if not isinstance(registration, EventHandler):
-                raise TypeError(f"event handler {name!r} resolved to {registration!r}")
+            registration = manager.get(EventHandler, name)
             if any(existing == registration.name for existing, _ in created):
                 continue  # an alias of a handler already chosen
             try:

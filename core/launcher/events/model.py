@@ -23,11 +23,13 @@ one through the ``launcher_event_handlers`` hook, and the agent delivers events 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from launcher.errors import UsageError
+
+_N = TypeVar("_N", int, float)
 
 #: Version of the event layout; bumped only for a change that could break an existing sink.
 SCHEMA_VERSION = 1
@@ -208,26 +210,20 @@ class SinkContext:
 
     def int_setting(self, name: str, default: int, *, minimum: int = 0) -> int:
         """An integer setting; :class:`EventSinkError` naming it when it is not one."""
-        value = self.setting(name)
-        if value is None:
-            return default
-        try:
-            number = int(value)
-        except ValueError:
-            raise EventSinkError(f"{name}={value!r} is not an integer") from None
-        if number < minimum:
-            raise EventSinkError(f"{name}={value!r} must be at least {minimum}")
-        return number
+        return self._number_setting(name, default, minimum, int, "an integer")
 
     def float_setting(self, name: str, default: float, *, minimum: float = 0.0) -> float:
         """A number setting (seconds, usually); :class:`EventSinkError` when it is not one."""
+        return self._number_setting(name, default, minimum, float, "a number")
+
+    def _number_setting(self, name: str, default: _N, minimum: _N, parse: Callable[[str], _N], what: str) -> _N:
         value = self.setting(name)
         if value is None:
             return default
         try:
-            number = float(value)
+            number = parse(value)
         except ValueError:
-            raise EventSinkError(f"{name}={value!r} is not a number") from None
+            raise EventSinkError(f"{name}={value!r} is not {what}") from None
         if not number >= minimum:  # also rejects NaN
             raise EventSinkError(f"{name}={value!r} must be at least {minimum}")
         return number

@@ -14,11 +14,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 from launcher.events.model import Event, EventSinkError, SinkContext
@@ -50,6 +48,8 @@ class _StderrHandler(logging.Handler):
 
 def format_console_line(event: Event) -> str:
     """``[launcher event] 12:00:01.250 worker_failed run=job node=host role=trainer rank=3 ...``."""
+    from datetime import datetime, timezone  # only the console sink needs it: off the start-up path
+
     when = datetime.fromtimestamp(event.timestamp, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     parts = [
         f"[launcher event] {when}Z {event.type}",
@@ -64,6 +64,8 @@ def format_console_line(event: Event) -> str:
 def _console_value(value: Any) -> str:
     if isinstance(value, str) and value and not any(c.isspace() for c in value):
         return value
+    import json
+
     return json.dumps(value, separators=(",", ":"), default=str)
 
 

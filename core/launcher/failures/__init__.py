@@ -5,6 +5,8 @@
 * :class:`WorkerFailure` is what the agent observed of one failed worker;
   :class:`FailureReport` reads the error files, picks the root cause and renders it.
 * :class:`OomWatch` says whether a ``SIGKILL`` was the kernel's out-of-memory killer.
+* :func:`describe_exit`, :func:`signal_name`, :func:`explain_signal`: how a process ended, in
+  words (:mod:`launcher.failures.exits`).
 
 See ``docs/failures.md``.
 """
@@ -16,27 +18,27 @@ from typing import TYPE_CHECKING, Any
 from launcher.failures.record import ERROR_FILE_ENV, record
 
 if TYPE_CHECKING:  # pragma: no cover
+    from launcher.failures.errorfile import ErrorFileContent
+    from launcher.failures.exits import describe_exit, explain_signal, signal_name
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import (
-        ErrorFileContent,
         FailureReport,
         RankState,
         ReportedFailure,
         WorkerFailure,
-        explain_signal,
-        signal_name,
     )
 
 # Loaded on first use: a worker that only wants ``record`` should not pay for the report code.
 _WHERE = {
     "OomWatch": "oom",
-    "ErrorFileContent": "report",
+    "ErrorFileContent": "errorfile",
     "FailureReport": "report",
     "RankState": "report",
     "ReportedFailure": "report",
     "WorkerFailure": "report",
-    "explain_signal": "report",
-    "signal_name": "report",
+    "describe_exit": "exits",
+    "explain_signal": "exits",
+    "signal_name": "exits",
 }
 
 
@@ -57,6 +59,7 @@ __all__ = [
     "RankState",
     "ReportedFailure",
     "WorkerFailure",
+    "describe_exit",
     "explain_signal",
     "record",
     "signal_name",

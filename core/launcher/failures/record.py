@@ -1,17 +1,11 @@
 """The ``record`` decorator: a worker's uncaught exception, written where the launcher reads it.
 
 The launcher gives every worker ``TORCHELASTIC_ERROR_FILE``. A main function decorated with
-:func:`record` writes its uncaught exception there as JSON, in the same format as torch's
-``torch.distributed.elastic.multiprocessing.errors.record``, so reports (ours or torchrun's) show
-the worker's traceback instead of only its exit code::
-
-    {"message": {"message": "ValueError: bad batch",
-                 "extraInfo": {"py_callstack": "Traceback (most recent call last): ...",
-                               "timestamp": "1700000000"}}}
-
-The timestamp is whole seconds since the epoch, as a string (torch parses it with ``int()``).
-Importing this module costs nothing beyond the standard library: workers that do not use torch
-can use it too.
+:func:`record` writes its uncaught exception there, in the same format as torch's
+``torch.distributed.elastic.multiprocessing.errors.record`` (see
+:mod:`launcher.failures.errorfile`), so reports (ours or torchrun's) show the worker's traceback
+instead of only its exit code. Importing this module costs nothing beyond the standard library:
+workers that do not use torch can use it too.
 """
 
 from __future__ import annotations
@@ -19,13 +13,15 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import functools
-import json
 import os
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+if TYPE_CHECKING:  # pragma: no cover - loaded when an exception is written, not by every worker
+    from launcher.failures.errorfile import ErrorFileContent
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
@@ -35,23 +31,21 @@ R = TypeVar("R")
 
 def error_file_content(
     exc: BaseException, callstack: str | None = None, when: float | None = None
-) -> dict[str, Any]:
-    """The JSON object :func:`record` writes for ``exc``.
+) -> ErrorFileContent:
+    """What :func:`record` writes for ``exc``.
 
     ``callstack`` defaults to the traceback of the exception being handled (call this inside an
     ``except`` block); ``when`` defaults to now.
     """
+    from launcher.failures.errorfile import ErrorFileContent
+
     if callstack is None:
         callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {
-        "message": {
-            "message": f"{type(exc).__name__}: {exc}",
-            "extraInfo": {
-                "py_callstack": callstack,
-                "timestamp": str(int(time.time() if when is None else when)),
-            },
-        }
-    }
+    return ErrorFileContent(
+        message=f"{type(exc).__name__}: {exc}",
+        traceback=callstack,
+        timestamp=time.time() if when is None else when,
+    )
 
 
 def write_error_file(path: str, exc: BaseException, callstack: str | None = None) -> bool:
@@ -64,11 +58,7 @@ def write_error_file(path: str, exc: BaseException, callstack: str | None = None
     never sees half a file even if the worker is killed while writing.
     """
     try:
-        content = json.dumps(error_file_content(exc, callstack))
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fp:
-            fp.write(content)
-        os.replace(tmp, path)
+        error_file_content(exc, callstack).write(path)
         return True
     except Exception as write_error:  # see docstring
         with contextlib.suppress(Exception):  # stderr may be closed: nothing more to do

@@ -10,6 +10,11 @@ has evidence of it.
 
 The same report is available as JSON (:meth:`FailureReport.to_dict`, versioned by
 ``schema_version``) for schedulers and dashboards.
+
+This module is the report's model: what was observed, what the report learned, the root cause,
+and the JSON round trip. The console text is :mod:`launcher.failures.render`, the error-file
+format :mod:`launcher.failures.errorfile`, and how a process ended in words
+:mod:`launcher.failures.exits`; their public names stay importable from here.
 """
 
 from __future__ import annotations
@@ -17,93 +22,42 @@ from __future__ import annotations
 import json
 import os
 import signal as signal_module
-import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, ClassVar, Protocol
+
+from launcher.failures.errorfile import ErrorFileContent, ErrorFileError, write_atomically
+from launcher.failures.exits import exit_status, explain_signal, signal_name
+from launcher.failures.render import format_time, render_ranks, render_report
+
+# Importable from here as before the report was split by job.
+__all__ = [
+    "REPORT_SCHEMA",
+    "ErrorFileContent",
+    "ErrorFileError",
+    "FailureReport",
+    "OomEvidence",
+    "RankState",
+    "ReportedFailure",
+    "WorkerFailure",
+    "explain_signal",
+    "failure_time",
+    "format_time",
+    "render_ranks",
+    "signal_name",
+]
 
 #: Identifies the JSON document; bumped with :attr:`FailureReport.schema_version` on incompatible change.
 REPORT_SCHEMA = "launcher.failure-report"
 
-_RULE_WIDTH = 72
-_TEXT_WIDTH = 100
 _TABLE_MESSAGE_WIDTH = 60
-
-# Why a process dies of each signal, in the words a user needs to act. Only signals that kill
-# by default and are seen in practice; others are named without an explanation.
-_SIGNAL_EXPLANATIONS: dict[str, str] = {
-    "SIGHUP": (
-        "hang-up: the terminal or SSH session that started the job closed, or someone sent SIGHUP. "
-        "`nohup` alone is not always enough (a launcher that forwards signals passes the hang-up "
-        "on); start the job in a session of its own: `setsid nohup launcher ... > job.log 2>&1 &`, "
-        "or inside tmux/screen, or through a scheduler"
-    ),
-    "SIGINT": "interrupted (Ctrl-C, or SIGINT sent by another process)",
-    "SIGQUIT": "quit (Ctrl-\\, or SIGQUIT sent by another process)",
-    "SIGILL": (
-        "illegal instruction: native code built for a newer CPU than this node's, or a corrupted binary"
-    ),
-    "SIGABRT": (
-        "aborted by native code: a failed C/C++ assertion, an uncaught C++ exception, or a library "
-        "(e.g. the NCCL watchdog) deciding to stop the process; see the stderr tail"
-    ),
-    "SIGBUS": (
-        "bus error: often shared memory (/dev/shm) ran out, e.g. data-loader workers in a container "
-        "with the default 64 MB /dev/shm (raise it, e.g. `docker run --shm-size`), or a memory-mapped "
-        "file was truncated"
-    ),
-    "SIGFPE": "arithmetic fault in native code (e.g. integer division by zero)",
-    "SIGKILL": (
-        "killed, which no process can catch: by the kernel's out-of-memory killer, by a scheduler "
-        "enforcing a limit, or by `kill -9`"
-    ),
-    "SIGSEGV": (
-        "segmentation fault: invalid memory access in native code (a C/C++/CUDA extension or a "
-        "driver); the stderr tail shows the Python stack when faulthandler was on (it is with @record)"
-    ),
-    "SIGPIPE": "wrote to a pipe or socket whose reader had gone",
-    "SIGTERM": (
-        "asked to stop: by the launcher after another worker failed, by a scheduler (preemption, "
-        "time limit), or by a user"
-    ),
-    "SIGXCPU": "CPU-time limit exceeded (ulimit -t)",
-    "SIGXFSZ": "file-size limit exceeded (ulimit -f)",
-}
-
-_OOM_EXPLANATION = (
-    "killed by the kernel's out-of-memory killer (likely out of memory): the node or the job's "
-    "memory cgroup ran out of memory; reduce memory use per worker (batch size, data-loader "
-    "workers, pinned memory) or request more memory"
-)
 
 
 class OomEvidence(Protocol):
     """What :meth:`FailureReport.from_failures` needs of an :class:`~launcher.failures.oom.OomWatch`."""
 
     def evidence(self, pid: int) -> str | None: ...
-
-
-def signal_name(signum: int) -> str:
-    """``SIGKILL`` for 9, and so on; ``signal <n>`` for a number this platform does not name."""
-    try:
-        return signal_module.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def explain_signal(signum: int, *, likely_oom: bool = False) -> str | None:
-    """One sentence on why a process dies of ``signum`` and what to do, or ``None`` if unknown."""
-    name = signal_name(signum)
-    if likely_oom and name == "SIGKILL":
-        return _OOM_EXPLANATION
-    return _SIGNAL_EXPLANATIONS.get(name)
-
-
-def format_time(timestamp: float) -> str:
-    """A timestamp as local time with its UTC offset, to the millisecond."""
-    return datetime.fromtimestamp(timestamp).astimezone().isoformat(sep=" ", timespec="milliseconds")
 
 
 @dataclass
@@ -212,10 +166,11 @@ class RankState:
     returncode: int | None = None
 
     def exit_text(self) -> str:
+        """``signal SIGKILL``, ``exit code 1``, or ``-`` while it runs."""
         code = self.returncode
         if code is None:
             return "-"
-        return f"signal {signal_name(-code)}" if code < 0 else f"exit code {code}"
+        return exit_status(None, -code) if code < 0 else exit_status(code, None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,105 +184,6 @@ class RankState:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RankState:
         return cls(data["rank"], data["local_rank"], data.get("pid"), data["state"], data.get("returncode"))
-
-
-def render_ranks(ranks: Sequence[RankState], heading: str) -> list[str]:
-    """``heading`` and a table of ``ranks`` (rank, local rank, pid, state, exit)."""
-    header = ("rank", "local", "pid", "state", "exit")
-    rows = [
-        (str(r.rank), str(r.local_rank), str(r.pid) if r.pid is not None else "-", r.state, r.exit_text())
-        for r in sorted(ranks, key=lambda r: r.rank)
-    ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
-
-    def line(row: Sequence[str]) -> str:
-        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
-        return ("  " + "  ".join([*cells, row[-1]])).rstrip()
-
-    return [heading, line(header), *(line(row) for row in rows)]
-
-
-class ErrorFileError(ValueError):
-    """An error file exists but is not in a format the report understands."""
-
-
-@dataclass(frozen=True)
-class ErrorFileContent:
-    """What a worker's error file says.
-
-    Two shapes are read, both written by torch: the ``@record`` one (``message`` is an object with
-    ``message``, ``extraInfo.py_callstack`` and ``extraInfo.timestamp``) and the plain one
-    (``message`` a string, ``timestamp`` beside it).
-    """
-
-    message: str
-    traceback: str | None = None
-    timestamp: float | None = None
-    error_code: int | None = None
-
-    @classmethod
-    def read(cls, path: str) -> ErrorFileContent:
-        """Read and parse ``path``; :class:`ErrorFileError` (or ``OSError``) when it cannot be."""
-        with open(path, encoding="utf-8", errors="replace") as fp:
-            text = fp.read()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            what = "empty" if not text.strip() else f"not JSON ({exc})"
-            raise ErrorFileError(f"error file {path} is {what}") from None
-        return cls.parse(data)
-
-    @classmethod
-    def parse(cls, data: Any) -> ErrorFileContent:
-        """Parse the decoded JSON of an error file."""
-        if not isinstance(data, dict) or "message" not in data:
-            raise ErrorFileError("error file has no 'message'")
-        message = data["message"]
-        if isinstance(message, str):
-            return cls(message=message, timestamp=_number(data.get("timestamp")))
-        if not isinstance(message, dict):
-            raise ErrorFileError("error file 'message' is neither a string nor an object")
-        extra = message.get("extraInfo")
-        extra = extra if isinstance(extra, dict) else {}
-        callstack = extra.get("py_callstack")
-        code = message.get("errorCode")
-        return cls(
-            message=str(message.get("message", "")),
-            traceback=callstack if isinstance(callstack, str) and callstack.strip() else None,
-            timestamp=_number(extra.get("timestamp")),
-            error_code=code if isinstance(code, int) else None,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "message": self.message,
-            "traceback": self.traceback,
-            "timestamp": self.timestamp,
-            "error_code": self.error_code,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ErrorFileContent:
-        return cls(
-            message=data.get("message", ""),
-            traceback=data.get("traceback"),
-            timestamp=data.get("timestamp"),
-            error_code=data.get("error_code"),
-        )
-
-
-def _number(value: Any) -> float | None:
-    # torch writes the timestamp as a string of whole seconds; accept numbers too.
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
 
 
 def failure_time(observed: float, recorded: float | None) -> float:
@@ -371,19 +227,14 @@ class ReportedFailure:
         ``short`` leaves out the explanation of a shell's ``128 + n`` status, for tables.
         """
         failure = self.failure
-        if failure.signal is not None:
-            text = f"signal {signal_name(failure.signal)} ({failure.signal})"
-        elif failure.exitcode is not None:
-            text = f"exit code {failure.exitcode}"
-            shell_signal = failure.shell_reported_signal
-            if shell_signal is not None:
-                name = signal_name(shell_signal)
-                if short:
-                    text += f" (128+{name})"
-                else:
-                    text += f" (128 + {shell_signal}: how a shell reports a child killed by {name})"
-        else:
-            text = "unknown exit status"
+        text = exit_status(failure.exitcode, failure.signal, with_number=True)
+        shell_signal = failure.shell_reported_signal
+        if shell_signal is not None:
+            name = signal_name(shell_signal)
+            if short:
+                text += f" (128+{name})"
+            else:
+                text += f" (128 + {shell_signal}: how a shell reports a child killed by {name})"
         if self.likely_oom:
             text += ", likely out of memory"
         return text
@@ -515,22 +366,7 @@ class FailureReport:
 
     def render(self) -> str:
         """The report as text for the console: root cause in full, the others in a table."""
-        heavy, light = "=" * _RULE_WIDTH, "-" * _RULE_WIDTH
-        lines = [heavy, f"launcher: {self.title}"]
-        lines += [f"  {note}" for note in self.notes]
-        lines.append(light)
-        if self.hang:
-            lines += _render_hang(self.hang) + [light]
-        lines.append("Root cause (first failure):")
-        lines += _render_root(self.root_cause)
-        if self.others:
-            lines += [light, f"Other failures ({len(self.others)}):"]
-            lines += _render_table(self.others)
-        if self.node_ranks:
-            where = f" ({self.this_node})" if self.this_node else ""
-            lines += [light, *render_ranks(self.node_ranks, f"Ranks on this node{where}:")]
-        lines.append(heavy)
-        return "\n".join(lines)
+        return render_report(self)
 
     def __str__(self) -> str:
         return self.render()
@@ -575,118 +411,21 @@ class FailureReport:
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_dict` to ``path`` (through a temporary file, so readers never see half)."""
-        target = os.fspath(path)
-        tmp = f"{target}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fp:
-            json.dump(self.to_dict(), fp, indent=2)
-            fp.write("\n")
-        os.replace(tmp, target)
+        write_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
-
-def _field(label: str, value: str) -> str:
-    # Long values (explanations) wrap under the value column, so the labels stay scannable.
-    head = f"  {label:<11}: "
-    if len(head) + len(value) <= _TEXT_WIDTH:
-        return (head + value).rstrip()
-    return textwrap.fill(
-        value,
-        width=_TEXT_WIDTH,
-        initial_indent=head,
-        subsequent_indent=" " * len(head),
-        # Paths and commands stay whole, even when longer than a line.
-        break_on_hyphens=False,
-        break_long_words=False,
-    )
-
-
-def _indented(text: str, prefix: str = "    ") -> list[str]:
-    return [f"{prefix}{line}" if line else prefix.rstrip() for line in text.rstrip("\n").splitlines()]
-
-
-def _render_root(entry: ReportedFailure) -> list[str]:
-    failure = entry.failure
-    lines = [
-        _field("time", format_time(entry.time)),
-        _field("node", failure.node_label),
-        _field("rank", f"{failure.rank} (local rank {failure.local_rank}, role {failure.role})"),
-        _field("pid", str(failure.pid)),
-        _field("exit", entry.exit_description()),
-    ]
-    explanation = entry.explanation()
-    if explanation:
-        lines.append(_field("why", explanation))
-    if entry.oom_evidence:
-        lines.append(_field("evidence", entry.oom_evidence))
-    if entry.error is not None:
-        lines.append(_field("error file", failure.error_file or ""))
-        if entry.error.message:
-            lines.append(_field("error", entry.error.message))
-    elif entry.error_file_problem:
-        lines.append(_field("error file", entry.error_file_problem))
-    if entry.traceback:
-        lines.append(_field("traceback", ""))
-        lines += _indented(entry.traceback)
-        return lines
-    tail = failure.stderr_tail
-    if tail:
-        count = len(tail)
-        lines.append(_field("stderr", f"last {count} line{'s' if count != 1 else ''}:"))
-        lines += _indented("\n".join(line.rstrip("\n") for line in tail), prefix="    | ")
-    else:
-        lines.append(_field("stderr", "(nothing was written to stderr)"))
-    shows_traceback = any("Traceback (most recent call last)" in line for line in failure.stderr_tail)
-    if failure.signal is None and entry.error is None and not shows_traceback:
-        # The most useful advice for an exception without a traceback in the report.
-        lines.append(
-            _field(
-                "hint",
-                "decorate the script's main function with @launcher.failures.record (or torch's "
-                "@record) to see the traceback here",
-            )
+    def root_cause_error(self) -> ErrorFileContent:
+        """The root cause as an error file's content: what the launcher writes to its own
+        ``TORCHELASTIC_ERROR_FILE``, as torchrun does, so whatever launched it reports the root
+        cause instead of a bare exit status."""
+        root = self.root_cause
+        message = root.summary() or f"worker rank {root.failure.rank} {root.exit_description()}"
+        return ErrorFileContent(
+            message=f"rank {root.failure.rank} on {root.failure.node}: {message}",
+            traceback=root.traceback or "\n".join(root.failure.stderr_tail),
+            timestamp=root.time,
         )
-    return lines
 
-
-def _render_hang(hang: Mapping[str, Any]) -> list[str]:
-    """The hang that stopped the workers: hung ranks, and every rank's place by identical stack."""
-    hung = hang.get("hung_ranks") or []
-    lines = [_field("hang", f"detected by {hang.get('detected_by')}: {hang.get('reason')}")]
-    lines.append(_field("hung ranks", ", ".join(str(rank) for rank in hung) or "none named"))
-    lines.append("  where every rank was (main thread, innermost call first):")
-    for group in hang.get("groups") or []:
-        ranks = group.get("ranks") or []
-        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
-        lines.append(f"    {label}: {group.get('stack')}")
-    for node in hang.get("nodes") or []:
-        if node.get("stacks_file"):
-            lines.append(_field("stacks", f"{node['stacks_file']} (on {node.get('node')})"))
-    return lines
-
-
-def _ranges(ranks: Sequence[int]) -> str:
-    from launcher.hangs.report import rank_ranges
-
-    return rank_ranges(ranks)
-
-
-def _render_table(entries: Sequence[ReportedFailure]) -> list[str]:
-    header = ("time", "node", "rank", "local", "pid", "exit", "error")
-    rows = [
-        (
-            format_time(entry.time),
-            entry.failure.node_label,
-            str(entry.failure.rank),
-            str(entry.failure.local_rank),
-            str(entry.failure.pid),
-            entry.exit_description(short=True),
-            entry.summary(),
-        )
-        for entry in entries
-    ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
-
-    def line(row: Sequence[str]) -> str:
-        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
-        return ("  " + "  ".join([*cells, row[-1]])).rstrip()
-
-    return [line(header), *(line(row) for row in rows)]
+    def write_error_file(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`root_cause_error` to ``path`` in the ``@record`` format; :class:`OSError`
+        when it cannot be written."""
+        self.root_cause_error().write(path)

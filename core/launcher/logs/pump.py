@@ -25,168 +25,49 @@ each of those spends a system call (and a context switch) per line, on the same 
 workers. So pipes are enlarged (:data:`PIPE_SIZE`) and, after a round that read something, the
 pump sleeps :data:`COALESCE_S` to let output accumulate: each round then moves thousands of lines
 with a few system calls, and a line waits at most a couple of milliseconds.
+
+This module is the reading thread and the routing to destinations. Cutting chunks into whole
+lines is :mod:`launcher.logs.lines`, where a stream goes :mod:`launcher.logs.routes`, and the
+console's lock :mod:`launcher.logs.console_lock`; their public names stay importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import selectors
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from collections.abc import Sequence
 
-from launcher.logs.screen import Screen
-from launcher.logs.sink import SinkDestination, SinkWriter
+from launcher.logs.console_lock import CONSOLE_LOCK, ConsoleLock, console_fd, write_all
+from launcher.logs.lines import MAX_PENDING, TAIL_BYTES, keep_tail, tail_lines
+from launcher.logs.routes import PIPE_SIZE, PumpedStream, StreamRoute, enlarge_pipe, open_log
 
-
-class ConsoleLock:
-    """Held for every write to the agent's own stdout/stderr, by the pump and by the agent's log
-    messages alike, so a launcher message never lands inside a worker's line.
-
-    Entering it (``with CONSOLE_LOCK:``) also takes a live worker line (a progress bar) off each
-    terminal for the time of the message and draws it again after it. The pump itself holds
-    :attr:`lock`, the plain lock, and manages the screens itself.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        #: The terminals live worker output is shown on, by device.
-        self.screens: dict[int, Screen] = {}
-
-    def __enter__(self) -> ConsoleLock:
-        self.lock.acquire()
-        for screen in self.screens.values():
-            _write_all(screen.fd, screen.hide())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            for screen in self.screens.values():
-                _write_all(screen.fd, screen.show())
-        finally:
-            self.lock.release()
-
-    def screen(self, fd: int) -> Screen:
-        """The screen of the terminal ``fd`` writes to (one for stdout and stderr on the same one)."""
-        try:
-            device = os.fstat(fd).st_rdev
-        except OSError:
-            device = -fd - 1
-        found = self.screens.get(device)
-        if found is None:
-            found = self.screens[device] = Screen(fd)
-        return found
-
-
-#: The console lock (see :class:`ConsoleLock`).
-CONSOLE_LOCK = ConsoleLock()
+__all__ = [
+    "CONSOLE_LOCK",
+    "COALESCE_S",
+    "FLUSH_INTERVAL_S",
+    "MAX_PENDING",
+    "PIPE_SIZE",
+    "READ_SIZE",
+    "TAIL_BYTES",
+    "ConsoleLock",
+    "OutputPump",
+    "StreamRoute",
+    "console_fd",
+    "open_log",
+]
 
 log = logging.getLogger("launcher.logs")
 
 #: Largest read from one pipe.
 READ_SIZE = 1 << 18
-#: Pipe capacity asked for (Linux ``F_SETPIPE_SZ``); within the unprivileged 1 MiB maximum, and
-#: small enough that many workers stay within the per-user pipe memory quota.
-PIPE_SIZE = 1 << 18
-#: A console line is cut after this many bytes without a newline (files are never cut).
-MAX_PENDING = 1 << 20
-#: Bytes of each stream kept in memory for failure reports.
-TAIL_BYTES = 1 << 14
 #: Pause after a round that moved output, so the next round moves many lines at once.
 COALESCE_S = 0.002
 #: Longest time buffered file output waits before it is written out while output keeps coming.
 FLUSH_INTERVAL_S = 0.1
-
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-
-
-def open_log(path: str) -> BinaryIO:
-    """Open a destination for appending: a file readable by its owner only (mode 0600).
-
-    A :class:`~launcher.logs.sink.SinkDestination` opens its sink instead (the returned object
-    is then a :class:`~launcher.logs.sink.SinkWriter`, which the pump feeds whole lines).
-    """
-    if isinstance(path, SinkDestination):
-        writer: Any = SinkWriter(path)
-        return writer
-    return open(path, "ab", buffering=1 << 16, opener=_private_opener)
-
-
-def _private_opener(path: str, flags: int) -> int:
-    # Worker output often holds tokens and host names: other users must not read it.
-    return os.open(path, flags | os.O_CLOEXEC, 0o600)
-
-
-@dataclass
-class StreamRoute:
-    """Where one worker stream goes."""
-
-    #: Prefix added to every console line (``b""`` for none).
-    prefix: bytes = b""
-    #: The console file descriptor (1 or 2), or ``None`` to keep it off the console.
-    console_fd: int | None = None
-    #: Log file (from :func:`open_log`), or ``None``.
-    file: BinaryIO | None = None
-    #: Lines containing any of these also go to ``filtered_file``.
-    filters: Sequence[bytes] = ()
-    filtered_file: BinaryIO | None = None
-    #: Keep the last :data:`TAIL_BYTES` for failure reports.
-    keep_tail: bool = False
-    #: Show console output as it arrives, unfinished lines included (a worker pty on a terminal
-    #: console); otherwise the console gets whole lines.
-    live: bool = False
-    #: Called (on the pump thread) whenever the stream carried output: hang watching by output.
-    on_output: Callable[[], None] | None = None
-
-
-@dataclass
-class _Stream:
-    """One pipe being read, and its state (returned by :meth:`OutputPump.add`)."""
-
-    fd: int
-    route: StreamRoute
-    #: Start of an unfinished line, held back from the line-wise destinations.
-    pending: bytes = b""
-    #: The last console line was cut at :data:`MAX_PENDING`, and a newline added there.
-    cut_mid_line: bool = False
-    tail: bytearray = field(default_factory=bytearray)
-    done: threading.Event = field(default_factory=threading.Event)
-    live: bool = False
-    #: A pty master: reads return at most one line-discipline buffer (4 KiB) at a time.
-    terminal: bool = False
-    #: Destinations still working (a failing one is dropped).
-    raw_file: BinaryIO | None = None
-    sink: SinkWriter | None = None
-    console_fd: int | None = None
-    filtered_file: BinaryIO | None = None
-
-    def __post_init__(self) -> None:
-        route = self.route
-        self.live = route.live and route.console_fd is not None
-        if isinstance(route.file, SinkWriter):
-            self.sink = route.file
-        else:
-            self.raw_file = route.file
-        self.console_fd = route.console_fd
-        if route.filters and route.filtered_file is not None:
-            self.filtered_file = route.filtered_file
-
-    @property
-    def wants_lines(self) -> bool:
-        return (self.console_fd is not None and not self.live) or self.sink is not None or \
-            self.filtered_file is not None
-
-
-def _enlarge_pipe(fd: int) -> None:
-    # Best effort: Linux only, and refused once the user's pipe quota is used up.
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
 
 
 class OutputPump:
@@ -194,9 +75,9 @@ class OutputPump:
 
     def __init__(self) -> None:
         self._selector = selectors.DefaultSelector()
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, PumpedStream] = {}
         self._lock = threading.Lock()
-        self._pending: list[_Stream] = []
+        self._pending: list[PumpedStream] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -205,7 +86,7 @@ class OutputPump:
         #: Console output of the current round, per descriptor, written once at the round's end.
         self._console: dict[int, list[bytes]] = {}
         #: Output of live streams in the current round, in order (``None``: the stream ended).
-        self._live: list[tuple[_Stream, bytes | None]] = []
+        self._live: list[tuple[PumpedStream, bytes | None]] = []
         self._reported: set[int] = set()
         self._last_flush = time.monotonic()
         #: Held around every console write; others writing to fds 1/2 should hold it too.
@@ -213,13 +94,13 @@ class OutputPump:
         self._thread = threading.Thread(target=self._run, name="launcher-output", daemon=True)
         self._thread.start()
 
-    def add(self, fd: int, route: StreamRoute) -> _Stream:
+    def add(self, fd: int, route: StreamRoute) -> PumpedStream:
         """Start reading the pipe ``fd`` (its read end, or a pty's master; closed at end of stream)."""
         os.set_blocking(fd, False)
-        stream = _Stream(fd, route)
+        stream = PumpedStream(fd, route)
         stream.terminal = os.isatty(fd)
         if not stream.terminal:
-            _enlarge_pipe(fd)
+            enlarge_pipe(fd)
         with self._lock:
             self._pending.append(stream)
         self._wake()
@@ -229,7 +110,7 @@ class OutputPump:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
 
-    def wait(self, streams: Sequence[_Stream], timeout: float | None = None) -> bool:
+    def wait(self, streams: Sequence[PumpedStream], timeout: float | None = None) -> bool:
         """Wait until every stream has reached its end; whether they all did in time."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for stream in streams:
@@ -238,16 +119,12 @@ class OutputPump:
                 return False
         return True
 
-    def tail(self, stream: _Stream, lines: int = 20) -> list[str]:
+    def tail(self, stream: PumpedStream, lines: int = 20) -> list[str]:
         """The last ``lines`` lines a stream carried (when it kept a tail), decoded leniently.
 
         A line redrawn with ``\r`` (a progress bar) counts once, as its last frame.
         """
-        text = bytes(stream.tail).decode("utf-8", "replace")
-        shown = [_last_frame(line) for line in text.split("\n")]
-        if shown and not shown[-1]:
-            shown.pop()
-        return shown[-lines:]
+        return tail_lines(stream.tail, lines)
 
     def close(self, timeout: float = 5.0) -> None:
         """Route what is left, close every stream, and stop the thread."""
@@ -310,7 +187,7 @@ class OutputPump:
             elif self._stopping and not events:
                 return
 
-    def _read(self, stream: _Stream) -> int:
+    def _read(self, stream: PumpedStream) -> int:
         try:
             chunk = os.read(stream.fd, READ_SIZE)
         except BlockingIOError:
@@ -326,7 +203,7 @@ class OutputPump:
         return len(chunk)
 
     @staticmethod
-    def _read_more(stream: _Stream, chunk: bytes) -> bytes:
+    def _read_more(stream: PumpedStream, chunk: bytes) -> bytes:
         """Read on from a pty while it has more (each read gives at most 4 KiB), up to READ_SIZE."""
         parts = [chunk]
         size = len(chunk)
@@ -341,7 +218,7 @@ class OutputPump:
             size += len(more)
         return b"".join(parts) if len(parts) > 1 else chunk
 
-    def _deliver(self, stream: _Stream, chunk: bytes) -> None:
+    def _deliver(self, stream: PumpedStream, chunk: bytes) -> None:
         if stream.route.on_output is not None:
             stream.route.on_output()
         if stream.raw_file is not None:
@@ -350,35 +227,15 @@ class OutputPump:
             except (OSError, ValueError) as exc:
                 self._drop(stream, "raw_file", exc)
         if stream.route.keep_tail:
-            tail = stream.tail
-            tail += chunk[-TAIL_BYTES:]
-            if len(tail) > TAIL_BYTES:
-                del tail[: len(tail) - TAIL_BYTES]
+            keep_tail(stream.tail, chunk)
         if stream.live:
             self._live.append((stream, chunk))
-        if not stream.wants_lines:
-            return
-        data = stream.pending + chunk if stream.pending else chunk
-        if stream.cut_mid_line:
-            # The newline that ends a line already shown in pieces has already been added.
-            stream.cut_mid_line = False
-            if data.startswith(b"\n"):
-                data = data[1:]
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            if len(data) < MAX_PENDING:
-                stream.pending = data
-                return
-            # An endless line: show it in pieces rather than hold unbounded memory.
-            pieces = [data[i : i + MAX_PENDING] for i in range(0, len(data), MAX_PENDING)]
-            stream.pending = pieces.pop() if len(pieces[-1]) < MAX_PENDING else b""
-            stream.cut_mid_line = not stream.pending
-            self._lines(stream, b"\n".join(pieces) + b"\n")
-            return
-        stream.pending = data[cut:]
-        self._lines(stream, data if cut == len(data) else data[:cut])
+        if stream.wants_lines:
+            lines = stream.lines.feed(chunk)
+            if lines:
+                self._lines(stream, lines)
 
-    def _lines(self, stream: _Stream, lines: bytes) -> None:
+    def _lines(self, stream: PumpedStream, lines: bytes) -> None:
         """Send complete lines (``lines`` ends with a newline) to the line-wise destinations."""
         route = stream.route
         if stream.console_fd is not None and not stream.live:
@@ -404,7 +261,7 @@ class OutputPump:
             except Exception as exc:  # a third party's sink must not stop the pump
                 self._drop(stream, "sink", exc)
 
-    def _drop(self, stream: _Stream, what: str, exc: BaseException) -> None:
+    def _drop(self, stream: PumpedStream, what: str, exc: BaseException) -> None:
         target = getattr(stream, what)
         setattr(stream, what, None)
         if id(target) not in self._reported:
@@ -418,7 +275,7 @@ class OutputPump:
             for fd, parts in batches.items():
                 data = parts[0] if len(parts) == 1 else b"".join(parts)
                 with self.console_lock:
-                    _write_all(fd, data)
+                    write_all(fd, data)
         if self._live:
             self._write_live()
 
@@ -436,9 +293,9 @@ class OutputPump:
                 if data:
                     out.setdefault(screen.fd, []).append(data)
             for fd, parts in out.items():
-                _write_all(fd, b"".join(parts))
+                write_all(fd, b"".join(parts))
 
-    def _finish(self, stream: _Stream) -> None:
+    def _finish(self, stream: PumpedStream) -> None:
         if stream.done.is_set():
             return
         # Drain what is still in the pipe (if its writers are gone, reads end).
@@ -450,9 +307,9 @@ class OutputPump:
             if not chunk:
                 break
             self._deliver(stream, chunk)
-        if stream.pending:
-            data, stream.pending = stream.pending, b""
-            self._lines(stream, data + b"\n")
+        last = stream.lines.finish()
+        if last:
+            self._lines(stream, last)
         if stream.live:
             self._live.append((stream, None))  # its unfinished line, if any, is shown for good
         with contextlib.suppress(KeyError, ValueError):
@@ -478,32 +335,3 @@ class OutputPump:
                     except Exception as exc:
                         self._drop(stream, "sink", exc)
 
-
-def _last_frame(line: str) -> str:
-    if "\r" not in line:
-        return line
-    frames = [frame for frame in line.split("\r") if frame]
-    return frames[-1] if frames else ""
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except BlockingIOError:
-            # Someone made our console non-blocking; wait until it takes more.
-            with selectors.DefaultSelector() as selector:
-                selector.register(fd, selectors.EVENT_WRITE)
-                selector.select(0.1)
-            continue
-        except InterruptedError:
-            continue
-        except OSError:
-            return  # the console went away; files still get every line
-        view = view[written:]
-
-
-def console_fd(stream: str) -> int:
-    """The agent's own stdout (``"out"``) or stderr descriptor."""
-    return (sys.stdout if stream == "out" else sys.stderr).fileno()

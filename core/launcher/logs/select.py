@@ -1,8 +1,8 @@
 """Building the LogsSpecs a launch asked for, launcher's own or one written for torchrun.
 
-``--logs-specs NAME`` is looked up among launcher's plugins first (entry-point group
-``launcher``), then in torch's ``torchrun.logs_specs`` group, where a class written for torchrun
-is registered (see :meth:`launcher.plugins.manager.LauncherPluginManager.load_entrypoint_plugins`).
+``--logs-specs NAME`` is looked up among launcher's plugins first (the core's own and the
+``launcher`` entry-point group), then in torch's ``torchrun.logs_specs`` group, where a class
+written for torchrun is registered (see :meth:`launcher.plugins.manager.LauncherPluginManager.load_plugins`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ def create_logs_specs(config: LaunchConfig, manager: LauncherPluginManager) -> A
     if config.logs_specs is not None and not isinstance(config.logs_specs, str):
         return config.logs_specs
     name = config.logs_specs or "default"
-    reg = manager.get("logs specs", name)
-    assert isinstance(reg, LogsSpecsProvider)
+    reg = manager.get(LogsSpecsProvider, name)
     cls = reg.load_class()
     redirects, tee = config.redirects, config.tee
     if _is_torch_class(cls):

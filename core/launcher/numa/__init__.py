@@ -1,9 +1,10 @@
 """NUMA affinity: which CPUs each local worker may run on (``--numa-binding NAME``).
 
 The agent calls :func:`plan_affinity` once per worker group, logs the result and puts it in the
-workers-started event, then calls :func:`apply_affinity` in each worker before user code runs: in
-the child between fork and exec for command entrypoints, first thing for function entrypoints.
-Nothing here runs ``numactl``; binding is ``os.sched_setaffinity``.
+workers-started event, then binds each worker with ``os.sched_setaffinity`` before user code runs
+(:mod:`launcher.agent.process`): in the child between fork and exec for command entrypoints,
+first thing for function entrypoints. A freshly forked child has a single thread, so binding it
+binds everything the worker starts later. Nothing here runs ``numactl``.
 
 Strategies are plugins (``launcher_numa_strategies``); the built-ins are in
 :mod:`launcher.numa.strategies` and the topology they read in :mod:`launcher.numa.topology`.
@@ -13,7 +14,6 @@ See ``docs/devices-and-numa.md``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -28,20 +28,17 @@ from launcher.numa.topology import (
     parse_cpulist,
     process_affinity,
 )
-from launcher.plugins.manager import select
 from launcher.plugins.types import DeviceProvider, NumaStrategy
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.plugins.manager import LauncherPluginManager
 
 __all__ = [
-    "KIND",
     "AffinityStrategy",
     "DeviceLocation",
     "NumaBindingError",
     "NumaNode",
     "Topology",
-    "apply_affinity",
     "format_cpulist",
     "parse_cpulist",
     "plan_affinity",
@@ -49,9 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("launcher.numa")
-
-#: The plugin kind of NUMA strategies.
-KIND = "numa strategy"
 
 
 def _device_bus_ids(
@@ -65,7 +59,7 @@ def _device_bus_ids(
         # A numeric --nproc-per-node names no device kind; torchrun binds to GPUs then, and so do
         # we, through whatever accelerator ``auto`` would pick.
         try:
-            provider = select(manager, "device provider", "auto", DeviceProvider)
+            provider = manager.get(DeviceProvider, "auto")
         except Exception:  # no auto provider (blocked): nothing to follow
             return [], "--nproc-per-node is a number and no 'auto' device provider is available"
         label = "--nproc-per-node is a number and 'auto' found "
@@ -117,7 +111,7 @@ def plan_affinity(
     """
     if on_failure not in ("warn", "error"):
         raise ValueError(f"on_failure must be 'warn' or 'error', not {on_failure!r}")
-    registration = select(manager, KIND, strategy, NumaStrategy)
+    registration = manager.get(NumaStrategy, strategy)
     source = ""
     devices: list[DeviceLocation] = []
     try:
@@ -144,30 +138,3 @@ def plan_affinity(
         log.debug("--numa-binding %s: local rank %d on CPUs %s", strategy, rank, format_cpulist(cpus))
     return plan
 
-
-def apply_affinity(cpus: frozenset[int]) -> None:
-    """Restrict the calling process to ``cpus`` (``os.sched_setaffinity``), its existing threads too.
-
-    Call it before user code runs. Threads the process already started (an OpenMP or CUDA runtime
-    pool) would otherwise keep the old mask, since Linux affinity is per thread; only those still on
-    the process's original mask are moved, so a thread that was pinned on purpose stays pinned.
-    """
-    if not cpus:
-        raise ValueError("cannot bind to an empty CPU set")
-    if not hasattr(os, "sched_setaffinity"):
-        raise LaunchError("CPU binding needs os.sched_setaffinity, which this platform lacks")
-    original = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        threads = os.listdir("/proc/self/task")
-    except OSError:  # no procfs: the calling thread is bound, which is what matters before exec
-        return
-    me = str(getattr(os, "gettid", os.getpid)())
-    for tid in threads:
-        if tid == me:
-            continue
-        try:
-            if os.sched_getaffinity(int(tid)) == original:
-                os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # the thread ended meanwhile
-            continue

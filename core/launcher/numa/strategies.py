@@ -65,11 +65,25 @@ def device_nodes(topology: Topology, devices: Sequence[DeviceLocation], nproc: i
     return nodes
 
 
-def _ranks_by_node(nodes: Sequence[int]) -> dict[int, list[int]]:
-    ranks: dict[int, list[int]] = {}
-    for rank, node in enumerate(nodes):
-        ranks.setdefault(node, []).append(rank)
-    return ranks
+def _split_each_node(
+    topology: Topology,
+    devices: Sequence[DeviceLocation],
+    nproc: int,
+    split: Callable[[int, int], list[frozenset[int]]],
+) -> list[frozenset[int]]:
+    """One CPU set per local rank, when a node's CPUs are divided among the workers on it.
+
+    Local ranks are grouped by the NUMA node of their device; ``split(node, count)`` gives the
+    ``count`` workers of ``node`` their CPU sets, in local-rank order.
+    """
+    ranks_by_node: dict[int, list[int]] = {}
+    for rank, node in enumerate(device_nodes(topology, devices, nproc)):
+        ranks_by_node.setdefault(node, []).append(rank)
+    result: list[frozenset[int]] = [frozenset()] * nproc
+    for node, ranks in ranks_by_node.items():
+        for rank, cpus in zip(ranks, split(node, len(ranks)), strict=True):
+            result[rank] = cpus
+    return result
 
 
 def _group(cpus: Collection[int], key_of: Callable[[int], frozenset[int]]) -> list[frozenset[int]]:
@@ -114,22 +128,23 @@ class ExclusiveStrategy:
     def cpus_for_workers(
         self, topology: Topology, devices: Sequence[DeviceLocation], nproc: int
     ) -> list[frozenset[int]]:
-        nodes = device_nodes(topology, devices, nproc)
-        result: list[frozenset[int]] = [frozenset()] * nproc
-        for node, ranks in _ranks_by_node(nodes).items():
+        def split(node: int, count: int) -> list[frozenset[int]]:
             cores = _group(topology.nodes[node].cpus, topology.core_of)
-            share, extra = divmod(len(cores), len(ranks))
+            share, extra = divmod(len(cores), count)
             if share == 0:
                 raise NumaBindingError(
-                    f"NUMA node {node} has {len(cores)} usable physical cores for {len(ranks)} workers; "
+                    f"NUMA node {node} has {len(cores)} usable physical cores for {count} workers; "
                     "exclusive binding needs at least one each"
                 )
+            shares: list[frozenset[int]] = []
             start = 0
-            for position, rank in enumerate(ranks):
+            for position in range(count):
                 size = share + (1 if position < extra else 0)
-                result[rank] = frozenset().union(*cores[start : start + size])
+                shares.append(frozenset().union(*cores[start : start + size]))
                 start += size
-        return result
+            return shares
+
+        return _split_each_node(topology, devices, nproc, split)
 
 
 def _cache_group(topology: Topology, node_cpus: frozenset[int], cpu: int) -> frozenset[int]:
@@ -146,13 +161,11 @@ class CoreComplexStrategy:
     def cpus_for_workers(
         self, topology: Topology, devices: Sequence[DeviceLocation], nproc: int
     ) -> list[frozenset[int]]:
-        nodes = device_nodes(topology, devices, nproc)
-        result: list[frozenset[int]] = [frozenset()] * nproc
-        for node, ranks in _ranks_by_node(nodes).items():
+        def split(node: int, count: int) -> list[frozenset[int]]:
             cpus = topology.nodes[node].cpus
             cache_group = functools.partial(_cache_group, topology, cpus)
             # Bigger complexes first: with fewer workers than complexes, workers get the roomiest.
             complexes = sorted(_group(cpus, cache_group), key=lambda group: (-len(group), min(group)))
-            for position, rank in enumerate(ranks):
-                result[rank] = complexes[position % len(complexes)]
-        return result
+            return [complexes[position % len(complexes)] for position in range(count)]
+
+        return _split_each_node(topology, devices, nproc, split)

@@ -7,9 +7,17 @@ and named after one of the hooks below. It is found through the ``launcher`` ent
     [project.entry-points.launcher]
     my-plugin = "my_package.launcher_plugin"
 
-Each hook yields registration objects (:mod:`launcher.plugins.types`). Selection by name happens
-after every plugin's registrations are collected, so two plugins offering the same name is an
-error rather than a silent override.
+Each hook yields registration objects (:mod:`launcher.plugins.types`); each registration class
+names its hook (``RendezvousBackend.hook``). The core's own plugins are registered by the core
+itself (:data:`launcher.plugins.manager.BUILTIN_PLUGINS`), not through entry points.
+
+Hooks are called through pluggy, so ``tryfirst``/``trylast`` and wrappers (``wrapper=True`` or
+``hookwrapper=True``) work as pluggy documents them. A hook's result is a list with one list of
+registrations per implementation; a wrapper may change it (drop, replace or add registrations),
+and may also put single registrations in it. Selection by name happens after every plugin's
+registrations are collected, so two plugins offering the same name is an error rather than a
+silent override. A hook implementation whose name matches no hook below is an error too (it is
+most likely misspelled), reported when the plugins are loaded.
 """
 
 from __future__ import annotations
@@ -177,13 +185,3 @@ class LauncherSpecs:
                                          detect=_detect, variables=("GRID_JOB",))
         """
 
-
-#: Hook name for each registration kind, in the order listings show them.
-HOOKS_BY_KIND: dict[str, str] = {
-    "rendezvous backend": "launcher_rendezvous_backends",
-    "logs specs": "launcher_logs_specs",
-    "event handler": "launcher_event_handlers",
-    "numa strategy": "launcher_numa_strategies",
-    "device provider": "launcher_device_providers",
-    "cluster environment": "launcher_cluster_environments",
-}

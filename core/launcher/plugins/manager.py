@@ -3,6 +3,17 @@
 :func:`get_plugin_manager` builds a fresh :class:`LauncherPluginManager`; nothing is loaded at
 import time, so tests and embedders get a clean manager whenever they ask for one.
 
+Where plugins come from:
+
+- the core's own, the modules of :data:`BUILTIN_PLUGINS`, registered by the core itself: they
+  work without any installed metadata (a source tree on ``PYTHONPATH``, a zipapp, a vendored copy);
+- other distributions' plugins, from the ``launcher`` entry-point group;
+- torch's ``torchrun.logs_specs`` and ``torchrun.handlers`` groups, which only fill names the
+  others leave free.
+
+Registrations are looked up by their class, which is the kind: ``manager.get(RendezvousBackend,
+"c10d")`` returns a :class:`~launcher.plugins.types.RendezvousBackend`.
+
 Switches (environment variables, read when the manager is built):
 
 ``LAUNCHER_DISABLE_PLUGIN_AUTOLOAD=1``
@@ -10,78 +21,81 @@ Switches (environment variables, read when the manager is built):
 ``LAUNCHER_PLUGINS=a,b``
     load only these plugins (entry-point names) from other distributions; empty loads none.
 ``LAUNCHER_BLOCK_PLUGINS=a,b``
-    never load these plugins (entry-point names), the core's own included.
+    never load these plugins (entry-point names, or a built-in's name such as ``builtin-numa``).
 ``LAUNCHER_PLUGIN_TRACEBACKS=1``
     print the full traceback of a plugin that fails to load.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TypeVar, cast
 
 import pluggy
 
-from launcher.errors import UsageError
+from launcher import __version__
 from launcher.plugins import entrypoints
-from launcher.plugins.hookspec import HOOKS_BY_KIND, PROJECT, LauncherSpecs
-from launcher.plugins.types import LogsSpecsProvider, Registration, RendezvousBackend
+from launcher.plugins.attribution import Ledger, record_results
+from launcher.plugins.errors import (
+    InvalidPluginError,
+    PluginConflictError,
+    PluginLoadError,
+    PluginNotFoundError,
+)
+from launcher.plugins.hookspec import PROJECT, LauncherSpecs
+from launcher.plugins.provenance import CORE_DISTRIBUTION, PluginInfo, Provided
+from launcher.plugins.torchrun_groups import torchrun_registrations
+from launcher.plugins.types import (
+    REGISTRATION_CLASSES,
+    EventHandler,
+    LogsSpecsProvider,
+    Registration,
+    RendezvousBackend,
+)
+
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "CORE_DISTRIBUTION",
+    "ENTRY_POINT_GROUP",
+    "KNOWN_DISTRIBUTIONS",
+    "InvalidPluginError",
+    "LauncherPluginManager",
+    "PluginConflictError",
+    "PluginInfo",
+    "PluginLoadError",
+    "PluginNotFoundError",
+    "Provided",
+    "builtin_plugin_name",
+    "get_plugin_manager",
+]
 
 log = logging.getLogger("launcher.plugins")
 
-#: The entry-point group every launcher plugin, built-in or third-party, registers under.
+#: The entry-point group third-party launcher plugins register under.
 ENTRY_POINT_GROUP = "launcher"
-#: The distribution that ships the core; its plugins are never blocked by the allowlist.
-CORE_DISTRIBUTION = "launcher"
+
+#: The core's own plugin modules, registered by the core itself rather than through entry points,
+#: so that they are there wherever the code is, installed or not. Each is registered under the
+#: name :func:`builtin_plugin_name` gives it (``builtin-rendezvous``), which
+#: ``LAUNCHER_BLOCK_PLUGINS`` accepts.
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "launcher.plugins.builtin.rendezvous",
+    "launcher.plugins.builtin.logs_specs",
+    "launcher.plugins.builtin.event_handlers",
+    "launcher.plugins.builtin.numa",
+    "launcher.plugins.builtin.devices",
+    "launcher.plugins.builtin.clusters",
+)
 
 R = TypeVar("R", bound=Registration)
 
 
-@dataclass
-class PluginInfo:
-    """What is known about one plugin, loaded or not."""
-
-    name: str
-    distribution: str | None
-    version: str | None
-    group: str
-    value: str
-    loaded: bool = False
-    error: str | None = None
-    traceback: str | None = None
-
-    @property
-    def builtin(self) -> bool:
-        return self.distribution == CORE_DISTRIBUTION
-
-    def describe(self) -> str:
-        """``name (dist version)``, as used in error messages."""
-        if self.distribution:
-            return f"{self.name!r} ({self.distribution} {self.version})"
-        return repr(self.name)
-
-
-@dataclass(frozen=True)
-class Provided:
-    """One registration and the plugin that provided it."""
-
-    registration: Registration
-    plugin: PluginInfo
-
-
-class PluginNotFoundError(UsageError):
-    """No installed plugin provides the requested name."""
-
-
-class PluginConflictError(UsageError):
-    """Two plugins provide the same name for the same kind."""
-
-
-class PluginLoadError(UsageError):
-    """The plugin that provides the requested name failed to import."""
+def builtin_plugin_name(module: str) -> str:
+    """``builtin-logs-specs`` for ``launcher.plugins.builtin.logs_specs``."""
+    return "builtin-" + module.rsplit(".", 1)[-1].replace("_", "-")
 
 
 def _split_names(value: str | None) -> list[str] | None:
@@ -90,8 +104,25 @@ def _split_names(value: str | None) -> list[str] | None:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def _registrations_in(result: object) -> Iterator[object]:
+    """The registrations of a hook's result: one list per implementation, or single registrations."""
+    for item in result if isinstance(result, Iterable) else (result,):
+        if isinstance(item, Registration) or not isinstance(item, Iterable) or isinstance(item, str):
+            yield item
+        else:
+            yield from item
+
+
+#: The registration class of each hook, from the classes themselves.
+_CLASS_OF_HOOK: Mapping[str, type[Registration]] = {cls.hook: cls for cls in REGISTRATION_CLASSES}
+
+
 class LauncherPluginManager(pluggy.PluginManager):
-    """A pluggy manager that also knows each plugin's distribution and selects by name."""
+    """A pluggy manager that also knows each plugin's distribution and selects by name.
+
+    Look registrations up by class: :meth:`get`, :meth:`lookup` (with the providing plugin),
+    :meth:`names` and :meth:`registrations`.
+    """
 
     def __init__(
         self,
@@ -107,35 +138,109 @@ class LauncherPluginManager(pluggy.PluginManager):
         self.allow = None if allow is None else set(allow)
         self.block = set(block)
         self.show_tracebacks = show_tracebacks
-        self._infos: dict[int, PluginInfo] = {}
+        self._infos: dict[str, PluginInfo] = {}  # by pluggy plugin name
         self._failures: list[PluginInfo] = []
-        self._entrypoints_loaded = False
-        self._cache: dict[str, dict[str, Provided]] = {}
+        self._loaded = False
+        self._cache: dict[type[Registration], dict[str, Provided[Registration]]] = {}
+        self._ledger: Ledger[PluginInfo] | None = None
         # Entry-point groups torch defines for torchrun, honoured after launcher's own plugins.
-        self._foreign: dict[str, list[Provided]] = {}
+        self._foreign: dict[type[Registration], list[Provided[Registration]]] = {}
 
     # -- registration ------------------------------------------------------------------------
 
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """pluggy's ``register``; each implementation of launcher's hooks also reports its results.
+
+        See :mod:`launcher.plugins.attribution` for why the functions are wrapped, once, here.
+        """
+        plugin_name = super().register(plugin, name)
+        if plugin_name is not None:
+            for caller in self.get_hookcallers(plugin) or ():
+                cls = _CLASS_OF_HOOK.get(caller.name)
+                if cls is None:
+                    continue
+                for impl in caller.get_hookimpls():
+                    if impl.plugin is plugin:
+                        record_results(impl, self._claimer(cls, impl.plugin_name))
+        self._cache.clear()
+        return plugin_name
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> object:
+        """pluggy's ``unregister``; what the plugin provided is forgotten too."""
+        self._cache.clear()
+        return super().unregister(plugin, name)
+
     def register_plugin(self, plugin: object, info: PluginInfo | None = None) -> None:
-        """Register ``plugin`` (a module or object with hook implementations)."""
+        """Register ``plugin`` (a module or object with hook implementations).
+
+        Raises :class:`InvalidPluginError` when it implements a hook that does not exist or
+        implements one with the wrong signature; the plugin is not registered then.
+        """
         name = info.name if info else getattr(plugin, "__name__", None) or repr(plugin)
         if info is None:
             info = PluginInfo(name=name, distribution=None, version=None, group="<direct>", value=name)
+        try:
+            self.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise InvalidPluginError(f"plugin {info.describe()} is not a valid launcher plugin: {exc}") from exc
         info.loaded = True
-        self.register(plugin, name=name)
-        self._infos[id(plugin)] = info
+        self._infos[name] = info
+        try:
+            self.check_pending()
+        except pluggy.PluginValidationError as exc:
+            message = self._unknown_hook_message(exc.plugin)
+            if exc.plugin is plugin:  # leave the manager as it was before this call
+                self.unregister(plugin)
+            raise InvalidPluginError(message) from exc
+
+    def _unknown_hook_message(self, plugin: object) -> str:
+        """``plugin 'x' (dist 1.0) implements unknown hook 'h': did you mean H?``"""
+        import difflib
+
+        name = self.get_name(plugin) or repr(plugin)
+        info = self._infos.get(name) or PluginInfo(name, None, None, "<direct>", name)
+        unknown = next(
+            (caller.name for caller in self.get_hookcallers(plugin) or () if not caller.has_spec()), "?"
+        )
+        hooks = sorted(_CLASS_OF_HOOK)
+        # Compared without the prefix every hook shares, which would make any name look close.
+        by_stem = {hook.removeprefix(PROJECT + "_"): hook for hook in hooks}
+        close = difflib.get_close_matches(unknown.removeprefix(PROJECT + "_"), list(by_stem), n=1, cutoff=0.6)
+        hint = f": did you mean {by_stem[close[0]]}?" if close else f"; launcher's hooks are {', '.join(hooks)}"
+        return f"plugin {info.describe()} implements unknown hook {unknown!r}{hint}"
+
+    def load_plugins(self) -> None:
+        """Register the core's own plugins, then every allowed plugin of the ``launcher`` group.
+
+        Also reads torch's ``torchrun.logs_specs`` and ``torchrun.handlers`` groups. A plugin
+        that fails to import is skipped with a warning; one that implements an unknown hook
+        raises :class:`InvalidPluginError`. Safe to call more than once.
+        """
+        if self._loaded:
+            return
+        self._loaded = True
+        self._load_builtin_plugins()
+        self._load_entrypoint_plugins()
+        for provided in torchrun_registrations(self.block, self._record_failure):
+            self._foreign.setdefault(type(provided.registration), []).append(provided)
         self._cache.clear()
 
-    def load_entrypoint_plugins(self) -> None:
-        """Import and register every allowed plugin of the ``launcher`` entry-point group.
+    def _load_builtin_plugins(self) -> None:
+        for module in BUILTIN_PLUGINS:
+            name = builtin_plugin_name(module)
+            if name in self.block:
+                continue
+            info = PluginInfo(
+                name=name, distribution=CORE_DISTRIBUTION, version=__version__, group=ENTRY_POINT_GROUP, value=module
+            )
+            self.register_plugin(importlib.import_module(module), info)
 
-        Also reads torch's ``torchrun.logs_specs`` group. Safe to call more than once.
-        """
-        if self._entrypoints_loaded:
-            return
-        self._entrypoints_loaded = True
+    def _load_entrypoint_plugins(self) -> None:
         seen: set[tuple[str | None, str]] = set()
         for ep in entrypoints.entry_points(ENTRY_POINT_GROUP):
+            if ep.distribution == CORE_DISTRIBUTION:
+                # The core registers its own plugins; an older install's metadata may list them.
+                continue
             info = PluginInfo(
                 name=ep.name,
                 distribution=ep.distribution,
@@ -154,18 +259,13 @@ class LauncherPluginManager(pluggy.PluginManager):
             except Exception as exc:  # a broken plugin must not break the launcher
                 self._record_failure(info, exc)
                 continue
-            try:
-                self.register_plugin(plugin, info)
-            except ValueError:  # already registered under this name (same module twice)
-                continue
-        self._load_torchrun_groups()
-        self._cache.clear()
+            if self.is_registered(plugin) or self.has_plugin(info.name):
+                continue  # the same module (or name) twice
+            self.register_plugin(plugin, info)
 
     def _allowed(self, info: PluginInfo) -> bool:
         if info.name in self.block:
             return False
-        if info.builtin:
-            return True
         if not self.autoload:
             return False
         return self.allow is None or info.name in self.allow
@@ -180,122 +280,105 @@ class LauncherPluginManager(pluggy.PluginManager):
         if self.show_tracebacks:
             log.warning("%s", info.traceback)
 
-    def _load_torchrun_groups(self) -> None:
-        """Read torch's own groups, each entry wrapped so that nothing loads until it is chosen.
+    # -- collecting registrations ------------------------------------------------------------
 
-        ``torchrun.logs_specs`` maps a name to a LogsSpecs class (loading it may import torch);
-        ``torchrun.handlers`` maps a name to a function returning a handler creator, run through
-        launcher's adapter (which imports torch).
-        """
-        wrappers: dict[str, Callable[[entrypoints.FoundEntryPoint], Registration]] = {
-            "torchrun.logs_specs": lambda ep: LogsSpecsProvider(
-                name=ep.name, load_class=ep.load, description=f"torchrun LogsSpecs {ep.value}"
-            ),
-            "torchrun.handlers": lambda ep: RendezvousBackend(
-                name=ep.name,
-                description=f"torchrun rendezvous handler {ep.value}",
-                create_handler=_TorchrunHandler(ep),
-            ),
-        }
-        for group, wrap in wrappers.items():
-            for ep in entrypoints.entry_points(group):
-                info = PluginInfo(
-                    name=ep.name,
-                    distribution=ep.distribution,
-                    version=ep.version,
-                    group=group,
-                    value=ep.value,
-                    loaded=True,
-                )
-                if info.name in self.block:
-                    continue
-                try:
-                    reg = wrap(ep)
-                except ValueError as exc:
-                    self._record_failure(info, exc)
-                    continue
-                self._foreign.setdefault(reg.kind, []).append(Provided(reg, info))
+    def _claimer(self, cls: type[Registration], plugin_name: str) -> Callable[[object], object]:
+        """The ``claim`` of one implementation: checks its registrations and notes their owner."""
 
-    def add_foreign(self, kind: str, provided: Provided) -> None:
-        """Add a registration from outside the ``launcher`` group (e.g. ``torchrun.handlers``).
+        def claim(result: object) -> object:
+            owner = self._info(plugin_name)
+            found = list(_registrations_in(result))
+            for reg in found:
+                if not isinstance(reg, cls):
+                    raise TypeError(
+                        f"plugin {owner.describe()} returned {reg!r} from {cls.hook}; "
+                        f"expected {cls.kind} registrations"
+                    )
+            if self._ledger is not None:
+                self._ledger.claim(found, owner)
+            if isinstance(result, list):
+                return result  # a wrapper's (possibly changed) list, or a plain list: as it is
+            return found  # a generator, read once: the list of what it yielded
 
-        Foreign registrations only fill names that launcher plugins leave free.
-        """
-        self._foreign.setdefault(kind, []).append(provided)
-        self._cache.pop(kind, None)
+        return claim
 
-    # -- inspection --------------------------------------------------------------------------
+    def _info(self, plugin_name: str) -> PluginInfo:
+        return self._infos.get(plugin_name) or PluginInfo(
+            name=plugin_name, distribution=None, version=None, group="<direct>", value=""
+        )
 
-    def plugin_infos(self) -> list[PluginInfo]:
-        """Every plugin found: loaded ones first, then those that failed."""
-        return [*self._infos.values(), *self._failures]
+    def _collect(self, cls: type[R]) -> dict[str, Provided[R]]:
+        """Call ``cls.hook`` through pluggy and key what it returns by every name."""
+        outer, self._ledger = self._ledger, Ledger()
+        ledger = self._ledger
+        try:
+            result = getattr(self.hook, cls.hook)()
+        finally:
+            self._ledger = outer
+        found: dict[str, Provided[R]] = {}
+        # pluggy calls the newest implementation first; read the results in registration order,
+        # so that listings show the core's own first and a conflict names the older plugin first.
+        for reg in _registrations_in(list(reversed(result))):
+            owner = ledger.owner(reg) or PluginInfo("<unknown>", None, None, "<direct>", "")
+            if not isinstance(reg, cls):
+                raise TypeError(f"{cls.hook} returned {reg!r}; expected {cls.kind} registrations")
+            for name in reg.names:
+                if name in found and found[name].registration is not reg:
+                    other = found[name].plugin
+                    raise PluginConflictError(
+                        f"{cls.kind} {name!r} is provided twice: by plugin {other.describe()} and by "
+                        f"plugin {owner.describe()}; uninstall one, or block one with "
+                        "LAUNCHER_BLOCK_PLUGINS"
+                    )
+                found[name] = Provided(reg, owner)
+        for provided in self._foreign.get(cls, ()):
+            foreign = cast("Provided[R]", provided)  # filed under its own class, which is cls
+            for name in foreign.registration.names:
+                found.setdefault(name, foreign)
+        return found
+
+    # -- lookup --------------------------------------------------------------------------------
 
     @property
     def failures(self) -> list[PluginInfo]:
+        """The plugins that failed to import."""
         return list(self._failures)
 
-    def info_for(self, plugin: object) -> PluginInfo:
-        return self._infos[id(plugin)]
-
-    def registrations(self, kind: str) -> dict[str, Provided]:
-        """Every registration of ``kind``, keyed by each of its names (aliases included).
+    def registrations(self, cls: type[R]) -> dict[str, Provided[R]]:
+        """Every registration of kind ``cls``, keyed by each of its names (aliases included).
 
         Raises :class:`PluginConflictError` when two plugins claim one name.
         """
-        if kind in self._cache:
-            return self._cache[kind]
-        hook = getattr(self.hook, HOOKS_BY_KIND[kind])
-        found: dict[str, Provided] = {}
-        for impl in reversed(hook.get_hookimpls()):  # registration order, oldest first
-            info = self._infos.get(id(impl.plugin)) or PluginInfo(
-                name=impl.plugin_name, distribution=None, version=None, group="<direct>", value=""
-            )
-            result = impl.function(*[{}.get(a) for a in impl.argnames])
-            for reg in result or ():
-                if not isinstance(reg, Registration) or reg.kind != kind:
-                    raise TypeError(
-                        f"plugin {info.describe()} returned {reg!r} from {HOOKS_BY_KIND[kind]}; "
-                        f"expected {kind} registrations"
-                    )
-                for name in reg.names:
-                    if name in found and found[name].registration is not reg:
-                        other = found[name].plugin
-                        raise PluginConflictError(
-                            f"{kind} {name!r} is provided twice: by plugin {other.describe()} and by "
-                            f"plugin {info.describe()}; uninstall one, or block one with "
-                            "LAUNCHER_BLOCK_PLUGINS"
-                        )
-                    found[name] = Provided(reg, info)
-        for provided in self._foreign.get(kind, ()):
-            for name in provided.registration.names:
-                found.setdefault(name, provided)
-        self._cache[kind] = found
-        return found
+        if cls not in self._cache:
+            if cls not in REGISTRATION_CLASSES:
+                raise TypeError(f"{cls!r} is not a kind of registration; use one of launcher.plugins.types")
+            self._cache[cls] = cast("dict[str, Provided[Registration]]", self._collect(cls))
+        return cast("dict[str, Provided[R]]", self._cache[cls])
 
-    def names(self, kind: str) -> list[str]:
-        """Sorted names (aliases included) available for ``kind``."""
-        return sorted(self.registrations(kind))
+    def names(self, cls: type[Registration]) -> list[str]:
+        """Sorted names (aliases included) available for kind ``cls``."""
+        return sorted(self.registrations(cls))
 
-    def get(self, kind: str, name: str) -> Registration:
-        """The registration of ``kind`` called ``name``, or a one-line error saying what exists."""
-        return self.lookup(kind, name).registration
+    def get(self, cls: type[R], name: str) -> R:
+        """The registration of kind ``cls`` called ``name``, or a one-line error saying what exists."""
+        return self.lookup(cls, name).registration
 
-    def lookup(self, kind: str, name: str) -> Provided:
+    def lookup(self, cls: type[R], name: str) -> Provided[R]:
         """Like :meth:`get`, with the providing plugin."""
         key = name.strip().lower()
-        found = self.registrations(kind)
+        found = self.registrations(cls)
         if key in found:
             return found[key]
         for failed in self._failures:
             dist = (failed.distribution or "").lower().replace("_", "-")
             if key == failed.name.lower() or dist in (f"launcher-{key}", key):
                 raise PluginLoadError(
-                    f"{kind} {name!r} comes from plugin {failed.describe()}, which failed to load: "
+                    f"{cls.kind} {name!r} comes from plugin {failed.describe()}, which failed to load: "
                     f"{failed.error}"
                 )
-        raise PluginNotFoundError(self._not_found_message(kind, name, sorted(found)))
+        raise PluginNotFoundError(self._not_found_message(cls, name, sorted(found)))
 
-    def _not_found_message(self, kind: str, name: str, names: list[str]) -> str:
+    def _not_found_message(self, cls: type[Registration], name: str, names: list[str]) -> str:
         """``unknown KIND 'x': did you mean ...? choose one of ...``, plus where a known name comes from."""
         import difflib
 
@@ -304,9 +387,9 @@ class LauncherPluginManager(pluggy.PluginManager):
         key = name.strip().lower()
         close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)  # closest first
         guess = f"did you mean {' or '.join(close)}? " if close else ""
-        message = f"unknown {kind} {quote(name)}: {guess}choose one of {', '.join(names) or 'none'}"
+        message = f"unknown {cls.kind} {quote(name)}: {guess}choose one of {', '.join(names) or 'none'}"
         hint = ""
-        distribution = KNOWN_DISTRIBUTIONS.get((kind, key))
+        distribution = KNOWN_DISTRIBUTIONS.get((cls, key))
         if distribution is not None:
             hint = (
                 f"; {key!r} is provided by the {distribution} distribution: pip install {distribution} "
@@ -319,29 +402,14 @@ class LauncherPluginManager(pluggy.PluginManager):
         return message + hint
 
 
-class _TorchrunHandler:
-    """``create_handler`` for a ``torchrun.handlers`` entry point, loaded on first use."""
-
-    def __init__(self, entry_point: entrypoints.FoundEntryPoint) -> None:
-        self._entry_point = entry_point
-        self._creator: Any = None
-
-    def __call__(self, params: Any) -> Any:
-        if self._creator is None:
-            from launcher.rendezvous.torch_handlers import EntryPointCreator
-
-            self._creator = EntryPointCreator(self._entry_point)
-        return self._creator(params)
-
-
 #: Names provided by the plugin distributions shipped in this repository's ``plugins/``: a miss
 #: on one of them names the distribution to install. Only real distributions are listed; an
 #: unknown name gets no install hint, since any package name made up from it could be anyone's.
-KNOWN_DISTRIBUTIONS: Mapping[tuple[str, str], str] = {
-    ("rendezvous backend", "etcd"): "launcher-etcd",
-    ("rendezvous backend", "etcd-v2"): "launcher-etcd",
-    ("event handler", "webhook"): "launcher-webhook",
-    ("logs specs", "jsonlogs"): "launcher-jsonlogs",
+KNOWN_DISTRIBUTIONS: Mapping[tuple[type[Registration], str], str] = {
+    (RendezvousBackend, "etcd"): "launcher-etcd",
+    (RendezvousBackend, "etcd-v2"): "launcher-etcd",
+    (EventHandler, "webhook"): "launcher-webhook",
+    (LogsSpecsProvider, "jsonlogs"): "launcher-jsonlogs",
 }
 
 
@@ -353,9 +421,11 @@ def get_plugin_manager(
     load_entrypoints: bool = True,
     environ: Mapping[str, str] | None = None,
 ) -> LauncherPluginManager:
-    """Build a fresh plugin manager, with entry-point plugins loaded unless told otherwise.
+    """Build a fresh plugin manager with every plugin loaded (:meth:`~LauncherPluginManager.load_plugins`).
 
-    Arguments left as ``None`` come from the ``LAUNCHER_*`` switches described in this module.
+    ``load_entrypoints=False`` gives an empty manager instead, not even with the core's own
+    plugins, for a test that registers exactly what it needs. Arguments left as ``None`` come
+    from the ``LAUNCHER_*`` switches described in this module.
     """
     env = os.environ if environ is None else environ
     if autoload is None:
@@ -371,55 +441,7 @@ def get_plugin_manager(
         show_tracebacks=env.get("LAUNCHER_PLUGIN_TRACEBACKS", "") not in ("", "0"),
     )
     if load_entrypoints:
-        manager.load_entrypoint_plugins()
+        manager.load_plugins()
     return manager
 
-
-def select(manager: LauncherPluginManager, kind: str, name: str, cls: type[R]) -> R:
-    """Typed shortcut for :meth:`LauncherPluginManager.get`."""
-    reg = manager.get(kind, name)
-    assert isinstance(reg, cls)
-    return reg
-
-
-def registration_rows(manager: LauncherPluginManager) -> list[dict[str, Any]]:
-    """One row per registration and per failed plugin, for ``launcher plugins``."""
-    rows: list[dict[str, Any]] = []
-    for kind in HOOKS_BY_KIND:
-        seen: set[int] = set()
-        for provided in manager.registrations(kind).values():
-            reg = provided.registration
-            if id(reg) in seen:
-                continue
-            seen.add(id(reg))
-            rows.append(
-                {
-                    "kind": kind,
-                    "name": reg.name,
-                    "aliases": list(reg.aliases),
-                    "description": reg.description,
-                    "plugin": provided.plugin.name,
-                    "group": provided.plugin.group,
-                    "distribution": provided.plugin.distribution,
-                    "version": provided.plugin.version,
-                    "loaded": True,
-                    "error": None,
-                }
-            )
-    for failed in manager.failures:
-        rows.append(
-            {
-                "kind": None,
-                "name": None,
-                "aliases": [],
-                "description": "",
-                "plugin": failed.name,
-                "group": failed.group,
-                "distribution": failed.distribution,
-                "version": failed.version,
-                "loaded": False,
-                "error": failed.error,
-            }
-        )
-    return rows
 

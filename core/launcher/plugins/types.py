@@ -4,6 +4,10 @@ Every hook of :mod:`launcher.plugins.hookspec` yields instances of one of these 
 registration is cheap to build: it carries a name, a one-line description and *callables* that
 do the real work later, so collecting every registration (for ``launcher plugins`` or for
 ``--help``) never imports torch or a plugin's heavy dependencies.
+
+Each class is also the key of its kind: it names the hook that yields it (:attr:`Registration.hook`)
+and the words messages use for it (:attr:`Registration.kind`), and the plugin manager looks
+registrations up by class (``manager.get(RendezvousBackend, "c10d")``), typed by that class.
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.clusters.api import ClusterInfo
-    from launcher.events.model import EventSink
+    from launcher.events.model import EventSink, SinkContext
+    from launcher.numa.strategies import AffinityStrategy
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
     from launcher.store.api import KeyValueStore
 
@@ -29,9 +34,15 @@ class Registration:
     ``name`` is what users type (``--rdzv-backend NAME``); it is normalised to lower case and must
     match ``[a-z0-9][a-z0-9_.-]*``. ``aliases`` are further names for the same thing (``gpu`` for
     ``cuda``). ``description`` is one line shown by ``launcher plugins``.
+
+    Each kind's class sets two class variables: :attr:`kind`, the words users read in messages
+    ("unknown rendezvous backend 'x'"), and :attr:`hook`, the hook that yields it.
     """
 
+    #: What messages and ``launcher plugins`` call this kind ("rendezvous backend").
     kind: ClassVar[str] = "registration"
+    #: The hook of :class:`~launcher.plugins.hookspec.LauncherSpecs` that yields this kind.
+    hook: ClassVar[str] = ""
 
     name: str
     description: str = ""
@@ -71,6 +82,7 @@ class RendezvousBackend(Registration):
     """
 
     kind: ClassVar[str] = "rendezvous backend"
+    hook: ClassVar[str] = "launcher_rendezvous_backends"
 
     create_handler: Callable[[RendezvousParameters], RendezvousHandler] | None = field(
         default=None, kw_only=True
@@ -103,6 +115,7 @@ class LogsSpecsProvider(Registration):
     """
 
     kind: ClassVar[str] = "logs specs"
+    hook: ClassVar[str] = "launcher_logs_specs"
 
     load_class: Callable[[], type] = field(kw_only=True)
 
@@ -117,20 +130,24 @@ class EventHandler(Registration):
     """
 
     kind: ClassVar[str] = "event handler"
+    hook: ClassVar[str] = "launcher_event_handlers"
 
-    create_sink: Callable[[Any], EventSink] = field(kw_only=True)
+    create_sink: Callable[[SinkContext], EventSink] = field(kw_only=True)
 
 
 @dataclass(frozen=True)
 class NumaStrategy(Registration):
     """A NUMA affinity strategy (``--numa-binding NAME``).
 
-    ``create`` returns the strategy object; see :mod:`launcher.numa` for its interface.
+    ``create`` returns the strategy object, an
+    :class:`~launcher.numa.strategies.AffinityStrategy`: its ``cpus_for_workers(topology, devices,
+    nproc)`` returns one set of CPU numbers per local rank.
     """
 
     kind: ClassVar[str] = "numa strategy"
+    hook: ClassVar[str] = "launcher_numa_strategies"
 
-    create: Callable[[], Any] = field(kw_only=True)
+    create: Callable[[], AffinityStrategy] = field(kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -159,6 +176,7 @@ class DeviceProvider(Registration):
     """
 
     kind: ClassVar[str] = "device provider"
+    hook: ClassVar[str] = "launcher_device_providers"
 
     count_devices: Callable[[], int] = field(kw_only=True)
     visible_devices_env: str | None = field(default=None, kw_only=True)
@@ -187,14 +205,20 @@ class ClusterEnvironment(Registration):
     """
 
     kind: ClassVar[str] = "cluster environment"
+    hook: ClassVar[str] = "launcher_cluster_environments"
 
     detect: Callable[[Mapping[str, str]], ClusterInfo | None] = field(kw_only=True)
     priority: int = field(default=100, kw_only=True)
     variables: tuple[str, ...] = field(default=(), kw_only=True)
 
 
-#: Every registration class, keyed by the kind name used in listings and errors.
-REGISTRATION_TYPES: Mapping[str, type[Registration]] = {
-    cls.kind: cls
-    for cls in (RendezvousBackend, LogsSpecsProvider, EventHandler, NumaStrategy, DeviceProvider, ClusterEnvironment)
-}
+#: Every kind of registration, in the order listings show them. The classes themselves are the
+#: kinds: there is no table of kind names to keep in step with them.
+REGISTRATION_CLASSES: tuple[type[Registration], ...] = (
+    RendezvousBackend,
+    LogsSpecsProvider,
+    EventHandler,
+    NumaStrategy,
+    DeviceProvider,
+    ClusterEnvironment,
+)

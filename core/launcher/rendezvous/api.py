@@ -159,3 +159,24 @@ class RendezvousHandler(Protocol):
 
     def shutdown(self) -> bool:
         """Release this node's resources (heartbeat threads, served stores)."""
+
+
+@runtime_checkable
+class StoreBackedHandler(RendezvousHandler, Protocol):
+    """A handler whose rounds live in a key-value store, and that can say when the store is gone.
+
+    Optional: the agent asks a handler that implements it, when a store call fails, whether the
+    store is gone (its host died) rather than slow, and then leaves without writing to it.
+    """
+
+    def store_problem(self, timeout: float = 2.0) -> str | None:
+        """Why the store cannot be reached (a fresh connect fails), or ``None`` when it can."""
+
+    def store_location(self) -> str:
+        """Where the store is, as messages name it (``the rendezvous store on host:port``)."""
+
+    def abandon_store(self) -> None:
+        """The store is gone: :meth:`shutdown` then writes nothing to it."""
+
+    def node_address(self) -> str | None:
+        """The address this node announced to the others, if any."""

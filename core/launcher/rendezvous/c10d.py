@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import errno
 import functools
-import ipaddress
 import logging
 import socket
 import time
 from typing import Any
 
+from launcher.addresses import is_loopback
 from launcher.errors import UsageError
 from launcher.rendezvous.api import RendezvousConfigError, RendezvousError, RendezvousParameters
 from launcher.rendezvous.config import CONFIG_KEYS, DynamicRendezvousConfig
@@ -61,15 +61,6 @@ def parse_c10d_endpoint(endpoint: str) -> tuple[str, int]:
         raise RendezvousConfigError(str(exc)) from None
 
 
-def _is_loopback_name(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
-
-
 def _can_bind(family: int, sockaddr: tuple[Any, ...]) -> bool:
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -95,7 +86,7 @@ def is_local_host(host: str, local_addr: str | None = None) -> bool:
     socket to it, which covers every NIC, IPv6 included, without listing interfaces).
     """
     name = host.strip().strip("[]").lower()
-    if _is_loopback_name(name):
+    if is_loopback(name):
         return True
     if local_addr and name == local_addr.strip().strip("[]").lower():
         return True
@@ -109,7 +100,7 @@ def is_local_host(host: str, local_addr: str | None = None) -> bool:
     for family, _, _, _, sockaddr in infos:
         if family not in (socket.AF_INET, socket.AF_INET6):
             continue
-        if ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]).is_loopback:
+        if is_loopback(str(sockaddr[0])):
             return True
         if not _binds_anything(family) and _can_bind(family, sockaddr):
             return True
@@ -258,15 +249,7 @@ def _file_handler(params: RendezvousParameters, config: DynamicRendezvousConfig)
     except (RuntimeError, ValueError, OSError) as exc:
         raise RendezvousError(f"cannot open the file store {params.endpoint!r}: {exc}") from None
     # A FileStore cannot serve workers: group rank 0 names an address and port for their store.
-    return DynamicRendezvousHandler(
-        TorchStore(store),
-        run_id=params.run_id,
-        min_nodes=params.min_nodes,
-        max_nodes=params.max_nodes,
-        config=config,
-        local_addr=params.local_addr,
-        backend_name="c10d",
-    )
+    return DynamicRendezvousHandler.from_parameters(TorchStore(store), params, config, backend_name="c10d")
 
 
 def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
@@ -283,13 +266,10 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     explicit = config.is_host is not None
     is_host = bool(config.is_host) if explicit else is_local_host(host, params.local_addr)
     store, server = open_store(host, port, is_host=is_host, explicit=explicit, config=config, run_id=params.run_id)
-    return DynamicRendezvousHandler(
+    return DynamicRendezvousHandler.from_parameters(
         store,
-        run_id=params.run_id,
-        min_nodes=params.min_nodes,
-        max_nodes=params.max_nodes,
-        config=config,
-        local_addr=params.local_addr,
+        params,
+        config,
         is_host=server is not None,
         backend_name="c10d",
         store_address=format_endpoint(host, server.port if server is not None else port),

@@ -2,17 +2,23 @@
 
 Syntax only: a malformed endpoint is a usage error found before anything starts. Whether a
 well-formed host name resolves is a run-time question (a peer's DNS name may appear only when
-its pod does), answered by the backend when it connects.
+its pod does), answered by the backend when it connects. Writing an endpoint back as text and
+telling loopback hosts apart is :mod:`launcher.addresses`, shared with the store.
 """
 
 from __future__ import annotations
 
 import re
 
+from launcher.addresses import format_address, is_loopback
 from launcher.errors import UsageError
 from launcher.values import quote
 
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
+__all__ = ["check_host", "format_endpoint", "is_loopback", "parse_endpoint"]
+
+#: ``host:port`` with brackets around IPv6 hosts: the same function as the store's
+#: :func:`~launcher.addresses.format_address`, under the name the rendezvous code uses.
+format_endpoint = format_address
 
 # RFC 1123 labels, plus "_" (seen in container and cloud host names); ASCII only.
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
@@ -73,12 +79,3 @@ def parse_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
     if not _PORT.fullmatch(port_text) or not 0 <= int(port_text) <= 65535:
         raise UsageError(f"{what} has an invalid port: use a number from 0 to 65535")
     return host, int(port_text)
-
-
-def format_endpoint(host: str, port: int) -> str:
-    """``host:port``, with brackets around IPv6 hosts."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def is_loopback(host: str) -> bool:
-    return host.lower() in LOOPBACK_NAMES or host.startswith("127.")

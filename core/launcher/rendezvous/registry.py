@@ -13,9 +13,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.plugins.types import RendezvousBackend
     from launcher.store.api import KeyValueStore
 
-KIND = "rendezvous backend"
-
-
 def rendezvous_parameters(config: LaunchConfig) -> RendezvousParameters:
     return RendezvousParameters(
         backend=config.rdzv_backend,
@@ -31,9 +28,7 @@ def rendezvous_parameters(config: LaunchConfig) -> RendezvousParameters:
 def _backend(config: LaunchConfig, manager: LauncherPluginManager) -> RendezvousBackend:
     from launcher.plugins.types import RendezvousBackend
 
-    reg = manager.get(KIND, config.rdzv_backend)
-    assert isinstance(reg, RendezvousBackend)
-    return reg
+    return manager.get(RendezvousBackend, config.rdzv_backend)
 
 
 def check_rendezvous_config(config: LaunchConfig, manager: LauncherPluginManager) -> None:

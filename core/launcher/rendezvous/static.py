@@ -47,6 +47,7 @@ class StaticRendezvous(FixedMembership):
         self._store: KeyValueStore | None = None
         self._round = 0
         self._closed = False
+        self._store_gone = False
         self._prefix = f"launcher/static/{params.run_id}"
 
     def _serve_or_connect(self) -> KeyValueStore:
@@ -77,7 +78,7 @@ class StaticRendezvous(FixedMembership):
         return TCPStoreClient(self.host, self.port, timeout=self.timeout)
 
     def next_rendezvous(self) -> RendezvousInfo:
-        if self._closed:
+        if self.is_closed():
             raise RendezvousClosedError(f"the rendezvous of run {self._params.run_id!r} is closed")
         if self._store is None:
             self._store = self._serve_or_connect()
@@ -128,6 +129,52 @@ class StaticRendezvous(FixedMembership):
                     ) from None
                 log.info("waiting for nodes: %d of %d arrived (round %d, %.0fs until timeout)",
                          count, self.world_size, round_, deadline - time.monotonic())
+
+    def _shares_closing(self) -> bool:
+        return self._store is not None and self.world_size > 1 and not self._store_gone
+
+    def is_closed(self) -> bool:
+        """Whether this node, or any other node of the job, closed it (a key in the shared store).
+
+        Shared so that a node whose job failed tells the others at once: a node that finished
+        and waits at the exit barrier leaves then, rather than after the barrier's timeout.
+        Raises :class:`~launcher.store.api.StoreError` when the store does not answer (the
+        agent then asks :meth:`store_problem` whether it is gone).
+        """
+        if not self._closed and self._store is not None and self._shares_closing():
+            self._closed = self._store.check([f"{self._prefix}/closed"])
+        return self._closed
+
+    def set_closed(self) -> None:
+        """End the job for every node (late arrivals exit instead of waiting)."""
+        self._closed = True
+        if self._store is not None and self._shares_closing():
+            try:
+                self._store.set(f"{self._prefix}/closed", b"1")
+            except (StoreError, OSError) as exc:
+                log.debug("static rendezvous: cannot tell the other nodes the job was closed: %s", exc)
+
+    # -- StoreBackedHandler: telling a store that is gone from a slow one ---------------------
+
+    def store_location(self) -> str:
+        """``the rendezvous store on host:port (node 0)``, as messages name it."""
+        return f"the rendezvous store on {format_endpoint(self.host, self.port)} (node 0)"
+
+    def store_problem(self, timeout: float = 2.0) -> str | None:
+        """Why node 0's store cannot be reached (a fresh connect fails), or ``None``."""
+        if self._server is not None or self.world_size == 1:
+            return None  # served here
+        from launcher.store.connection import reachability_problem
+
+        return reachability_problem(self.host, self.port, timeout)
+
+    def abandon_store(self) -> None:
+        """The store is gone: :meth:`set_closed` then writes nothing to it."""
+        self._store_gone = True
+
+    def node_address(self) -> str | None:
+        """``--local-addr``, when given."""
+        return self._params.local_addr
 
     def shutdown(self) -> bool:
         if self._store is not None:

@@ -1,21 +1,18 @@
 """torch's ``torchrun.handlers`` entry-point group, usable by name (``--rdzv-backend NAME``).
 
 A distribution that registered a rendezvous handler for torchrun declares, in that group, a
-callable returning a creator ``(torch RendezvousParameters) -> torch RendezvousHandler``. Each
-entry point becomes a :class:`~launcher.plugins.types.RendezvousBackend` whose factory loads the
-entry point only when that backend is chosen, so listing backends imports neither torch nor the
-plugin. The torch handler is wrapped in :class:`TorchHandlerAdapter`, which speaks launcher's
-:class:`~launcher.rendezvous.api.RendezvousHandler` protocol.
+callable returning a creator ``(torch RendezvousParameters) -> torch RendezvousHandler``. The
+plugin manager (:mod:`launcher.plugins.manager`) lists the group and makes each entry point a
+:class:`~launcher.plugins.types.RendezvousBackend`, so listing backends imports neither torch nor
+the plugin. This module is what runs once such a backend is chosen: :class:`EntryPointCreator`
+loads the entry point and builds the torch handler, and :class:`TorchHandlerAdapter` makes it
+speak launcher's :class:`~launcher.rendezvous.api.RendezvousHandler` protocol.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
-from launcher.plugins.types import RendezvousBackend
 from launcher.rendezvous.api import (
     RendezvousClosedError,
     RendezvousError,
@@ -25,15 +22,7 @@ from launcher.rendezvous.api import (
 )
 from launcher.rendezvous.torch_store import TorchStore
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "TorchHandlerAdapter",
-    "TorchrunHandlerEntry",
-    "torchrun_handler_entries",
-    "torchrun_handler_registrations",
-]
-
-log = logging.getLogger("launcher.rendezvous")
+__all__ = ["ENTRY_POINT_GROUP", "EntryPointCreator", "TorchHandlerAdapter"]
 
 #: The group torchrun reads out-of-tree rendezvous handlers from.
 ENTRY_POINT_GROUP = "torchrun.handlers"
@@ -161,44 +150,3 @@ class EntryPointCreator:
             raise _translate(exc, params.backend) from exc
         return TorchHandlerAdapter(handler, params)
 
-
-@dataclass(frozen=True)
-class TorchrunHandlerEntry:
-    """One ``torchrun.handlers`` entry point: its registration and where it comes from."""
-
-    registration: RendezvousBackend
-    name: str
-    value: str
-    distribution: str | None
-    version: str | None
-
-
-def torchrun_handler_entries() -> list[TorchrunHandlerEntry]:
-    """Every usable ``torchrun.handlers`` entry point, with its distribution (for listings and
-    conflict messages). Nothing is loaded; a name launcher cannot use is logged and skipped."""
-    entries: list[TorchrunHandlerEntry] = []
-    seen: set[str] = set()
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = getattr(ep, "dist", None)
-        dist_name = dist.metadata["Name"] if dist is not None else None
-        try:
-            reg = RendezvousBackend(
-                name=ep.name,
-                description=f"torchrun handler {ep.value}" + (f" from {dist_name}" if dist_name else ""),
-                create_handler=EntryPointCreator(ep),
-            )
-        except ValueError as exc:
-            log.warning("torchrun.handlers entry point %r skipped: %s", ep.name, exc)
-            continue
-        if reg.name in seen:  # the same distribution found twice on sys.path
-            continue
-        seen.add(reg.name)
-        entries.append(
-            TorchrunHandlerEntry(reg, ep.name, ep.value, dist_name, dist.version if dist is not None else None)
-        )
-    return entries
-
-
-def torchrun_handler_registrations() -> list[RendezvousBackend]:
-    """A :class:`RendezvousBackend` per ``torchrun.handlers`` entry point (loaded when chosen)."""
-    return [entry.registration for entry in torchrun_handler_entries()]

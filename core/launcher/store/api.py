@@ -3,6 +3,26 @@
 Values are bytes; keys are strings. Blocking calls take a timeout in seconds and raise
 :class:`StoreTimeoutError` when it passes. An implementation must be safe to call from one thread
 at a time; the rendezvous gives each thread its own client when it needs more.
+
+Implementations in this package, each module with one job (all standard library only):
+
+* :mod:`launcher.store.protocol`: torch's TCPStore wire protocol, the codec server and client share.
+* :mod:`launcher.store.table`: the server's data (keys, queues, waiters) with torch's semantics.
+* :mod:`launcher.store.requests`: one client connection and the requests it sends, executed
+  against the table.
+* :mod:`launcher.store.loop`: the server's serving thread (accept, admit, read, execute, write).
+* :mod:`launcher.store.server`: :class:`~launcher.store.server.StoreServer`, the public face of
+  the server (lifecycle, addresses, admission, in-process access).
+* :mod:`launcher.store.local`: :class:`~launcher.store.local.LocalStore`, the in-process view of
+  a server's data that the agent uses, without a socket.
+* :mod:`launcher.store.client`: :class:`~launcher.store.client.TCPStoreClient`, a blocking
+  client for our server and torch's; :mod:`launcher.store.connection` opens its connections
+  (retry, handshake, authentication).
+* :mod:`launcher.store.admission`: who may connect (address ranges, members, a shared secret).
+* :mod:`launcher.store.throttle`: rate-limited logging of trouble caused by peers.
+
+Outside this package, ``launcher.rendezvous.torch_store`` adapts a torch ``Store`` to this
+interface, and store plugins (``launcher-etcd``) provide their own.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 :class:`TCPStoreClient` speaks torch's TCPStore wire protocol (see ``docs/store.md``), so it
 works against launcher's own :class:`~launcher.store.server.StoreServer` and against a server
 started by torch (``torch.distributed.TCPStore(..., is_master=True)``), without importing torch.
-It implements :class:`~launcher.store.api.KeyValueStore`.
+It implements :class:`~launcher.store.api.KeyValueStore`. Opening (and reopening) the connection
+is :mod:`launcher.store.connection`; this module is the requests and their replies.
 
 Keys get the same ``"/"`` prefix torch's client adds, so a value set here under ``"k"`` is what a
 worker's ``TCPStore.get("k")`` returns.
@@ -12,36 +13,25 @@ worker's ``TCPStore.get("k")`` returns.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import socket
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Final
 
-from launcher.store.admission import (
-    AUTH_HELLO,
-    AUTH_PROOF,
-    NONCE_LEN,
-    PROOF_LEN,
-    client_proof,
-    new_nonce,
-    proofs_match,
-    server_proof,
-)
 from launcher.store.api import StoreError, StoreTimeoutError
+from launcher.store.connection import Deadline, open_connection, recv_exact
 from launcher.store.protocol import (
     I64,
     KEY_PREFIX,
     U8,
     U32,
     U64,
-    VALIDATION_MAGIC,
     CheckResponse,
     QueryType,
     WaitResponse,
     as_bytes,
+    encode_key,
     format_address,
     pack_blob,
 )
@@ -51,37 +41,10 @@ __all__ = ["QueueEmptyError", "TCPStoreClient"]
 # After a wait times out we send CANCEL_WAIT; the server answers at once, but give it this long
 # before declaring the connection dead.
 _CANCEL_GRACE_S: Final = 30.0
-_MAX_RETRY_DELAY_S: Final = 1.0
 
 
 class QueueEmptyError(StoreError):
     """:meth:`TCPStoreClient.queue_pop` found the queue empty."""
-
-
-class _Refused(StoreError):
-    """The server turned us away; ``final`` when retrying cannot help (a secret mismatch)."""
-
-    def __init__(self, message: str, final: bool = True) -> None:
-        super().__init__(message)
-        self.final = final
-
-
-class _Deadline:
-    """A point in time (or none: wait forever) that blocking socket calls count down to."""
-
-    __slots__ = ("at",)
-
-    def __init__(self, seconds: float | None) -> None:
-        self.at = None if seconds is None else time.monotonic() + max(0.0, seconds)
-
-    def remaining(self) -> float | None:
-        """Seconds left; raises :class:`TimeoutError` once it has passed."""
-        if self.at is None:
-            return None
-        left = self.at - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("timed out")
-        return left
 
 
 class TCPStoreClient:
@@ -154,90 +117,9 @@ class TCPStoreClient:
         self._connect_timeout = seconds
 
     def _connect(self) -> None:
-        budget = self._connect_timeout
-        deadline = _Deadline(budget)
-        delay = 0.01
-        attempts = 0
-        last_error: BaseException | None = None
-        while True:
-            try:
-                left = deadline.remaining()
-            except TimeoutError:
-                break
-            attempts += 1
-            sock: socket.socket | None = None
-            try:
-                # create_connection tries every address the host resolves to (IPv4 and IPv6).
-                sock = socket.create_connection((self._host, self._port), timeout=left)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._handshake(sock, deadline)
-                self._sock = sock
-                return
-            except _Refused as exc:
-                if sock is not None:
-                    sock.close()
-                # A secret mismatch will not fix itself; a refused address might (the round
-                # may reopen), so that one keeps retrying like any connection failure.
-                if exc.final:
-                    raise
-                last_error = exc
-            except (OSError, StoreError) as exc:
-                # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
-                if sock is not None:
-                    sock.close()
-                last_error = exc
-            try:
-                left = deadline.remaining()
-            except TimeoutError:
-                break
-            pause = delay * random.uniform(0.5, 1.0)  # jitter: clients must not retry in lockstep
-            time.sleep(pause if left is None else min(pause, left))
-            delay = min(delay * 2, _MAX_RETRY_DELAY_S)
-        raise StoreError(
-            f"could not connect to the store at {self.address} within {budget:g} s "
-            f"({attempts} attempts; last error: {last_error or 'none'})"
-        ) from last_error
-
-    def _handshake(self, sock: socket.socket, deadline: _Deadline) -> None:
-        # What torch's client does: a validation message (no reply), then a ping whose nonce the
-        # server must echo; the ping proves the server accepted us.
-        if self._secret is not None:
-            self._authenticate(sock, deadline, self._secret)
-        nonce = os.getpid() & 0xFFFFFFFF
-        validate = U8.pack(QueryType.VALIDATE) + U32.pack(VALIDATION_MAGIC)
-        msg = validate + U8.pack(QueryType.PING) + U32.pack(nonce)
-        sock.settimeout(deadline.remaining())
-        sock.sendall(msg)
-        (echo,) = U32.unpack(self._recv_exact(sock, 4, deadline))
-        if echo != nonce:
-            raise StoreError(f"store at {self.address} answered the ping with {echo}, expected {nonce}")
-
-    def _authenticate(self, sock: socket.socket, deadline: _Deadline, secret: bytes) -> None:
-        """The challenge-response of :mod:`launcher.store.admission`, client side."""
-        client_nonce = new_nonce()
-        sock.settimeout(deadline.remaining())
-        sock.sendall(U8.pack(AUTH_HELLO) + client_nonce)
-        try:
-            status = self._recv_exact(sock, 1, deadline)[0]
-        except ConnectionError:
-            raise _Refused(
-                f"the store at {self.address} closed the connection (is this address admitted?)", final=False
-            ) from None
-        if status == 1:
-            raise _Refused(f"the store at {self.address} has no secret configured, but this client was given one")
-        if status != 0:
-            raise StoreError(f"store at {self.address} answered the authentication with {status}")
-        server_nonce = self._recv_exact(sock, NONCE_LEN, deadline)
-        their_proof = self._recv_exact(sock, PROOF_LEN, deadline)
-        if not proofs_match(their_proof, server_proof(secret, client_nonce, server_nonce)):
-            raise _Refused(f"the store at {self.address} does not know our secret")
-        sock.sendall(U8.pack(AUTH_PROOF) + client_proof(secret, server_nonce, client_nonce))
-        try:
-            ack = self._recv_exact(sock, 1, deadline)[0]
-        except ConnectionError:
-            raise _Refused(f"the store at {self.address} rejected our secret") from None
-        if ack != 0:
-            raise StoreError(f"store at {self.address} answered our proof with {ack}")
+        self._sock = open_connection(
+            self._host, self._port, connect_timeout=self._connect_timeout, secret=self._secret
+        )
 
     def close(self) -> None:
         """Close the connection; later calls raise :class:`StoreError`. Idempotent, and safe to
@@ -290,53 +172,38 @@ class TCPStoreClient:
         if sock is not None:
             sock.close()
 
-    @staticmethod
-    def _recv_exact(sock: socket.socket, n: int, deadline: _Deadline) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            sock.settimeout(deadline.remaining())
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("the store closed the connection")
-            buf += chunk
-        return bytes(buf)
-
-    def _send(self, sock: socket.socket, data: bytes, deadline: _Deadline) -> None:
+    def _send(self, sock: socket.socket, data: bytes, deadline: Deadline) -> None:
         sock.settimeout(deadline.remaining())
         sock.sendall(data)
 
-    def _recv_u8(self, sock: socket.socket, deadline: _Deadline) -> int:
-        return self._recv_exact(sock, 1, deadline)[0]
+    def _recv_u8(self, sock: socket.socket, deadline: Deadline) -> int:
+        return recv_exact(sock, 1, deadline)[0]
 
-    def _recv_i64(self, sock: socket.socket, deadline: _Deadline) -> int:
-        return int(I64.unpack(self._recv_exact(sock, 8, deadline))[0])
+    def _recv_i64(self, sock: socket.socket, deadline: Deadline) -> int:
+        return int(I64.unpack(recv_exact(sock, 8, deadline))[0])
 
-    def _recv_blob(self, sock: socket.socket, deadline: _Deadline) -> bytes:
-        (n,) = U64.unpack(self._recv_exact(sock, 8, deadline))
-        return self._recv_exact(sock, n, deadline) if n else b""
+    def _recv_blob(self, sock: socket.socket, deadline: Deadline) -> bytes:
+        (n,) = U64.unpack(recv_exact(sock, 8, deadline))
+        return recv_exact(sock, n, deadline) if n else b""
 
-    def _deadline(self) -> _Deadline:
-        return _Deadline(self.timeout)
-
-    @staticmethod
-    def _key(key: str) -> bytes:
-        return (KEY_PREFIX + key).encode("utf-8")
+    def _deadline(self) -> Deadline:
+        return Deadline(self.timeout)
 
     @staticmethod
     def _keys(keys: Sequence[str]) -> bytes:
-        return U64.pack(len(keys)) + b"".join(pack_blob(TCPStoreClient._key(k)) for k in keys)
+        return U64.pack(len(keys)) + b"".join(pack_blob(encode_key(k)) for k in keys)
 
     def _wait_reply(self, sock: socket.socket, timeout: float | None, what: str) -> None:
         """After WAIT or BARRIER: block for STOP_WAITING, or cancel once ``timeout`` passes."""
         try:
-            reply = self._recv_u8(sock, _Deadline(timeout))
+            reply = self._recv_u8(sock, Deadline(timeout))
         except TimeoutError:
             pass  # nothing was read, so the stream is still in step: cancel below
         else:
             if reply != WaitResponse.STOP_WAITING:
                 raise StoreError(f"store at {self.address} sent {reply} while we were waiting")
             return
-        grace = _Deadline(_CANCEL_GRACE_S)
+        grace = Deadline(_CANCEL_GRACE_S)
         self._send(sock, U8.pack(QueryType.CANCEL_WAIT), grace)
         reply = self._recv_u8(sock, grace)
         if reply == WaitResponse.STOP_WAITING:
@@ -357,7 +224,7 @@ class TCPStoreClient:
 
     def set(self, key: str, value: bytes) -> None:
         """Set ``key`` to ``value`` (``str`` values are UTF-8 encoded)."""
-        msg = U8.pack(QueryType.SET) + pack_blob(self._key(key)) + pack_blob(as_bytes(value))
+        msg = U8.pack(QueryType.SET) + pack_blob(encode_key(key)) + pack_blob(as_bytes(value))
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
 
@@ -366,12 +233,12 @@ class TCPStoreClient:
         with self._call() as sock:
             self._do_wait(sock, [key], self._resolve(timeout))
             deadline = self._deadline()
-            self._send(sock, U8.pack(QueryType.GET) + pack_blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.GET) + pack_blob(encode_key(key)), deadline)
             return self._recv_blob(sock, deadline)
 
     def add(self, key: str, amount: int) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (missing counts as 0); the new value."""
-        msg = U8.pack(QueryType.ADD) + pack_blob(self._key(key)) + I64.pack(amount)
+        msg = U8.pack(QueryType.ADD) + pack_blob(encode_key(key)) + I64.pack(amount)
         with self._call() as sock:
             deadline = self._deadline()
             self._send(sock, msg, deadline)
@@ -384,7 +251,7 @@ class TCPStoreClient:
         test success with ``result == desired``."""
         msg = (
             U8.pack(QueryType.COMPARE_SET)
-            + pack_blob(self._key(key))
+            + pack_blob(encode_key(key))
             + pack_blob(as_bytes(expected))
             + pack_blob(as_bytes(desired))
         )
@@ -406,7 +273,7 @@ class TCPStoreClient:
         """Set several keys in one request."""
         if len(keys) != len(values):
             raise ValueError("multi_set needs as many values as keys")
-        body = b"".join(pack_blob(self._key(k)) + pack_blob(as_bytes(v)) for k, v in zip(keys, values, strict=True))
+        body = b"".join(pack_blob(encode_key(k)) + pack_blob(as_bytes(v)) for k, v in zip(keys, values, strict=True))
         msg = U8.pack(QueryType.MULTI_SET) + I64.pack(len(keys)) + body
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
@@ -430,7 +297,7 @@ class TCPStoreClient:
         """Delete ``key``; whether it existed."""
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, U8.pack(QueryType.DELETE_KEY) + pack_blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.DELETE_KEY) + pack_blob(encode_key(key)), deadline)
             return self._recv_i64(sock, deadline) == 1
 
     # ------------------------------------------------------------------ extras
@@ -444,7 +311,7 @@ class TCPStoreClient:
 
     def append(self, key: str, value: bytes) -> None:
         """Append ``value`` to the bytes at ``key``, creating it if missing."""
-        msg = U8.pack(QueryType.APPEND) + pack_blob(self._key(key)) + pack_blob(as_bytes(value))
+        msg = U8.pack(QueryType.APPEND) + pack_blob(encode_key(key)) + pack_blob(as_bytes(value))
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
 
@@ -454,7 +321,7 @@ class TCPStoreClient:
         with self._call() as sock:
             deadline = self._deadline()
             self._send(sock, U8.pack(QueryType.PING) + U32.pack(nonce), deadline)
-            (echo,) = U32.unpack(self._recv_exact(sock, 4, deadline))
+            (echo,) = U32.unpack(recv_exact(sock, 4, deadline))
         if echo != nonce:
             raise StoreError(f"store at {self.address} answered a ping with {echo}, expected {nonce}")
 
@@ -470,14 +337,14 @@ class TCPStoreClient:
 
     def barrier(self, key: str, world_size: int, timeout: float | None = None) -> None:
         """Arrive at the barrier ``key`` and block until ``world_size`` participants have."""
-        msg = U8.pack(QueryType.BARRIER) + pack_blob(self._key(key)) + I64.pack(world_size)
+        msg = U8.pack(QueryType.BARRIER) + pack_blob(encode_key(key)) + I64.pack(world_size)
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
             self._wait_reply(sock, self._resolve(timeout), f"barrier {key!r}")
 
     def queue_push(self, key: str, value: bytes) -> None:
         """Append ``value`` to the queue ``key`` (a namespace separate from plain keys)."""
-        msg = U8.pack(QueryType.QUEUE_PUSH) + pack_blob(self._key(key)) + pack_blob(as_bytes(value))
+        msg = U8.pack(QueryType.QUEUE_PUSH) + pack_blob(encode_key(key)) + pack_blob(as_bytes(value))
         with self._call() as sock:
             self._send(sock, msg, self._deadline())
 
@@ -488,7 +355,7 @@ class TCPStoreClient:
             if block:
                 self._do_wait(sock, [key], self._resolve(timeout))
             deadline = self._deadline()
-            self._send(sock, U8.pack(QueryType.QUEUE_POP) + pack_blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.QUEUE_POP) + pack_blob(encode_key(key)), deadline)
             length = self._recv_i64(sock, deadline)
             if length <= 0:
                 raise QueueEmptyError(f"queue {key!r} is empty")
@@ -498,5 +365,5 @@ class TCPStoreClient:
         """Number of items in queue ``key``."""
         with self._call() as sock:
             deadline = self._deadline()
-            self._send(sock, U8.pack(QueryType.QUEUE_LEN) + pack_blob(self._key(key)), deadline)
+            self._send(sock, U8.pack(QueryType.QUEUE_LEN) + pack_blob(encode_key(key)), deadline)
             return self._recv_i64(sock, deadline)

@@ -1,7 +1,8 @@
 """torch's TCPStore wire protocol (torch 2.13): codes, limits and the codec both ends share.
 
 Used by launcher's server (:mod:`launcher.store.server`) and client (:mod:`launcher.store.client`).
-See ``docs/store.md`` for the message table. Only the standard library is imported here.
+See ``docs/store.md`` for the message table. Only the standard library (and
+:mod:`launcher.addresses`, itself standard library only) is imported here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import enum
 import re
 import struct
 from typing import Final
+
+# One of this module's names since before it moved to the module the rendezvous shares.
+from launcher.addresses import format_address
 
 __all__ = [
     "I64",
@@ -99,11 +103,6 @@ I64_MAX: Final = (1 << 63) - 1
 _LEADING_INT = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 
-def format_address(host: str, port: int) -> str:
-    """``host:port``, with IPv6 literals in brackets (``[::1]:29500``)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def parse_int(value: bytes) -> int:
     match = _LEADING_INT.match(value)
     if match is None:
@@ -169,17 +168,13 @@ class Reader:
         n = self._unpack(U64)
         if n > limit:
             raise ProtocolError(f"{what} of {n} bytes exceeds the limit of {limit}")
-        end = self.pos + n
-        if end > len(self.buf):
-            raise NeedMore
-        data = bytes(self.buf[self.pos : end])
-        self.pos = end
-        return data
+        return self.fixed(n)
 
     def key(self) -> bytes:
         return self._blob(MAX_KEY_LEN, "key")
 
     def fixed(self, n: int) -> bytes:
+        """The next ``n`` bytes; :class:`NeedMore` until they have all arrived."""
         end = self.pos + n
         if end > len(self.buf):
             raise NeedMore

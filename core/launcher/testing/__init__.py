@@ -42,6 +42,7 @@ pytest.register_assert_rewrite(
     "launcher.testing.plugin_suite",
     "launcher.testing.store_suite",
     "launcher.testing.rendezvous_suite",
+    "launcher.testing.simulated_nodes",
     "launcher.testing.logs_suite",
     "launcher.testing.events_suite",
     "launcher.testing.numa_suite",
@@ -94,8 +95,9 @@ _EXPORTS = {
     "standard_topologies": "sysfs",
 }
 
-#: The conformance suite of each plugin kind (the keys of ``launcher.plugins.hookspec.HOOKS_BY_KIND``),
-#: as ``(module, class name)`` under ``launcher.testing``; :func:`conformance_suites` imports them.
+#: The conformance suite of each plugin kind (keyed by ``kind`` of each class of
+#: ``launcher.plugins.types.REGISTRATION_CLASSES``), as ``(module, class name)`` under
+#: ``launcher.testing``; :func:`conformance_suites` imports them.
 #: The rendezvous kind's suite is :class:`RendezvousBackendConformance`; a store-only backend
 #: uses :class:`StoreBackendConformance`, which adds :class:`KeyValueStoreConformance`.
 SUITES_BY_KIND: dict[str, tuple[str, str]] = {

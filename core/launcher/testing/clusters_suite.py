@@ -19,7 +19,7 @@ import pytest
 
 from launcher.clusters.api import ClusterInfo
 from launcher.plugins.manager import LauncherPluginManager
-from launcher.plugins.types import ClusterEnvironment
+from launcher.plugins.types import ClusterEnvironment, Registration
 from launcher.testing.plugin_suite import PluginModuleConformance
 
 __all__ = ["ClusterEnvironmentConformance", "plain_environments"]
@@ -44,7 +44,7 @@ class ClusterEnvironmentConformance(PluginModuleConformance):
     is best). ``foreign_environments`` (default :func:`plain_environments`) must not be claimed.
     """
 
-    kind: ClassVar[str] = "cluster environment"
+    registration_type: ClassVar[type[Registration]] = ClusterEnvironment
     registration_fixture: ClassVar[str] = "cluster_environment"
 
     #: The ``--cluster`` name under test.

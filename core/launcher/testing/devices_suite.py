@@ -20,7 +20,7 @@ from launcher.devices import DeviceUnavailableError, resolve_nproc_per_node
 from launcher.errors import UsageError
 from launcher.plugins import hookimpl
 from launcher.plugins.manager import LauncherPluginManager, get_plugin_manager
-from launcher.plugins.types import DeviceProvider
+from launcher.plugins.types import DeviceProvider, Registration
 from launcher.testing.plugin_suite import PluginModuleConformance
 
 __all__ = ["DeviceProviderConformance"]
@@ -43,7 +43,7 @@ class _Only:
 def _manager_with(registration: DeviceProvider, manager: LauncherPluginManager) -> LauncherPluginManager:
     """``manager`` if it resolves the registration's name to it, else a manager holding only it."""
     try:
-        if manager.get("device provider", registration.name) is registration:
+        if manager.get(DeviceProvider, registration.name) is registration:
             return manager
     except UsageError:
         pass
@@ -60,7 +60,7 @@ class DeviceProviderConformance(PluginModuleConformance):
     (seconds, default 2): the agent counts before anything starts.
     """
 
-    kind: ClassVar[str] = "device provider"
+    registration_type: ClassVar[type[Registration]] = DeviceProvider
     registration_fixture: ClassVar[str] = "device_provider"
 
     #: The ``--nproc-per-node`` name under test.

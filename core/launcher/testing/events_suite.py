@@ -32,7 +32,7 @@ from launcher.events.model import (
 )
 from launcher.plugins import hookimpl
 from launcher.plugins.manager import LauncherPluginManager, get_plugin_manager
-from launcher.plugins.types import EventHandler
+from launcher.plugins.types import EventHandler, Registration
 from launcher.testing.plugin_suite import PluginModuleConformance
 
 __all__ = ["EventHandlerConformance", "sample_events"]
@@ -102,7 +102,7 @@ class EventHandlerConformance(PluginModuleConformance):
     ``delivery_timeout`` is how long the bus may take to deliver every sample event and close.
     """
 
-    kind: ClassVar[str] = "event handler"
+    registration_type: ClassVar[type[Registration]] = EventHandler
     registration_fixture: ClassVar[str] = "event_handler"
 
     #: The ``--event-log-handler`` name under test.

@@ -19,7 +19,7 @@ import pytest
 from launcher.config import STD_ALL, STD_ERR, STD_NONE, STD_OUT, StdSpec
 from launcher.plugins import hookimpl
 from launcher.plugins.manager import LauncherPluginManager, get_plugin_manager
-from launcher.plugins.types import LogsSpecsProvider
+from launcher.plugins.types import LogsSpecsProvider, Registration
 from launcher.testing.plugin_suite import PluginModuleConformance
 
 __all__ = ["LogsSpecsConformance", "worker_envs"]
@@ -80,7 +80,7 @@ class LogsSpecsConformance(PluginModuleConformance):
     both tee'd, and per-rank settings).
     """
 
-    kind: ClassVar[str] = "logs specs"
+    registration_type: ClassVar[type[Registration]] = LogsSpecsProvider
     registration_fixture: ClassVar[str] = "logs_specs_provider"
 
     #: The ``--logs-specs`` name under test.

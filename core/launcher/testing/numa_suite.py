@@ -18,7 +18,7 @@ import pytest
 
 from launcher.numa.topology import DeviceLocation, NumaBindingError, Topology
 from launcher.plugins.manager import LauncherPluginManager
-from launcher.plugins.types import NumaStrategy
+from launcher.plugins.types import NumaStrategy, Registration
 from launcher.testing.plugin_suite import PluginModuleConformance
 from launcher.testing.sysfs import FakeTopology, standard_topologies
 
@@ -42,7 +42,7 @@ class NumaStrategyConformance(PluginModuleConformance):
     them, so that a strategy that always refuses does not pass.
     """
 
-    kind: ClassVar[str] = "numa strategy"
+    registration_type: ClassVar[type[Registration]] = NumaStrategy
     registration_fixture: ClassVar[str] = "numa_strategy"
 
     #: The ``--numa-binding`` name under test.

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from launcher.plugins.hookspec import HOOKS_BY_KIND
 from launcher.plugins.manager import ENTRY_POINT_GROUP, LauncherPluginManager
 from launcher.plugins.types import Registration
 
@@ -44,7 +43,7 @@ _PROBE = textwrap.dedent(
 class PluginModuleConformance:
     """Base of every conformance suite.
 
-    A suite sets :attr:`kind` and :attr:`registration_fixture`; a test class that uses a suite
+    A suite sets :attr:`registration_type` and :attr:`registration_fixture`; a test class that uses a suite
     may set:
 
     ``plugin``
@@ -59,8 +58,8 @@ class PluginModuleConformance:
         modules that importing the plugin module must not import (default ``("torch",)``).
     """
 
-    #: The plugin kind (a key of ``HOOKS_BY_KIND``); set by each suite.
-    kind: ClassVar[str] = ""
+    #: The kind under test: its registration class (``RendezvousBackend``); set by each suite.
+    registration_type: ClassVar[type[Registration]] = Registration
     #: Name of the fixture that returns the registration under test; set by each suite.
     registration_fixture: ClassVar[str] = ""
     #: A plugin object to register for each test (a plugin that is not installed).
@@ -78,16 +77,16 @@ class PluginModuleConformance:
             manager.register_plugin(self.plugin)
         if not name:
             pytest.fail(
-                f"{type(self).__name__}: name the {self.kind} under test (the suite's *_name class "
+                f"{type(self).__name__}: name the {self.registration_type.kind} under test (the suite's *_name class "
                 f"attribute) or override the {self.registration_fixture!r} fixture"
             )
-        return manager.get(self.kind, name)
+        return manager.get(self.registration_type, name)
 
     def _module_of(self, manager: LauncherPluginManager, registration: Registration) -> str:
         if self.plugin_module:
             return self.plugin_module
         try:
-            provided = manager.lookup(self.kind, registration.name)
+            provided = manager.lookup(self.registration_type, registration.name)
         except Exception:
             provided = None
         if provided is None or provided.registration is not registration:
@@ -106,7 +105,7 @@ class PluginModuleConformance:
         value = self._module_of(plugin_manager, registration)
         module, _, attribute = value.partition(":")
         importlib.import_module(module.strip())  # a plain import error reads better here
-        hook = HOOKS_BY_KIND[self.kind]
+        hook = self.registration_type.hook
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
         args = json.dumps([module.strip(), attribute.strip(), hook, list(self.forbidden_imports)])

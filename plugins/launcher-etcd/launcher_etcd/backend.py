@@ -11,12 +11,10 @@ Imports ``requests`` and ``etcd3gw`` (through :mod:`launcher_etcd.client`) only 
 from __future__ import annotations
 
 import logging
-import re
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
 from launcher.rendezvous.api import RendezvousError, RendezvousParameters
-from launcher.rendezvous.dynamic import KEY_ROOT
+from launcher.rendezvous.keys import RendezvousKeys, is_per_node, parse_key
 
 from launcher_etcd.settings import EtcdSettings, effective_parameters, rendezvous_config
 
@@ -29,15 +27,14 @@ __all__ = ["clear_finished_job", "connect", "create_handler", "owned_by_node"]
 
 log = logging.getLogger("launcher.rendezvous.etcd")
 
-# The core's per-node keys: a participant's record (``<round>/node/<index>``) and its heartbeat
-# counter (``<round>/hb/<rank>``), written only by that node. The store API cannot say "this key
-# is mine" yet, so the key layout is matched here; see docs/etcd.md ("Liveness").
-_OWNED = re.compile(rf"^{re.escape(KEY_ROOT)}/[^/]+/\d+/(?:node|hb)/\d+$")
-
-
 def owned_by_node(key: str) -> bool:
-    """Whether ``key`` (as the core names it) belongs to the node that writes it."""
-    return _OWNED.match(key) is not None
+    """Whether ``key`` (as the core names it) belongs to the node that writes it.
+
+    These are the core's per-node keys (:func:`launcher.rendezvous.keys.is_per_node`): a
+    participant's record and its heartbeat counter, written only by that node; they are
+    attached to its lease (see docs/etcd.md, "Liveness").
+    """
+    return is_per_node(key)
 
 
 def _after(prefix: bytes) -> bytes:
@@ -60,8 +57,14 @@ def clear_finished_job(client: EtcdClient, prefix: str, run_id: str) -> bool:
     """
     from launcher_etcd.client import b64, unb64
 
-    base = f"{prefix}{KEY_ROOT}/{quote(run_id, safe='')}/".encode()
-    current = client.range(base + b"current").get("kvs") or []
+    keys = RendezvousKeys(run_id)
+    stored = prefix.encode()  # etcd holds the core's key K as prefix + K
+
+    def name(key: str) -> bytes:
+        return stored + key.encode()
+
+    base = name(keys.run_prefix)
+    current = client.range(name(keys.current)).get("kvs") or []
     if not current:
         return False  # a new job id, or a job that has not opened its first round yet
     raw = unb64(current[0].get("value", "")) or b"0"
@@ -70,23 +73,20 @@ def clear_finished_job(client: EtcdClient, prefix: str, run_id: str) -> bool:
     else:
         # A closed job swaps the round number for "closed": find its last round from the keys.
         listing = client.range(base, range_end=b64(_after(base)), keys_only=True).get("kvs") or []
-        rounds = [
-            int(name.split(b"/", 1)[0])
-            for name in (unb64(kv["key"])[len(base):] for kv in listing)
-            if name.split(b"/", 1)[0].isdigit()
-        ]
-        last = max(rounds, default=0)
-    ended = client.range(base + b"closed").get("kvs") or client.range(base + f"{last}/sealed".encode()).get("kvs")
+        parsed = (parse_key(unb64(kv["key"])[len(stored) :].decode(errors="replace")) for kv in listing)
+        last = max((key.round for key in parsed if key is not None and key.round is not None), default=0)
+    closed = name(keys.closed)
+    ended = client.range(closed).get("kvs") or client.range(name(keys.sealed(last))).get("kvs")
     if not ended:
         return False
     counts = [
         {"request_range": {"key": b64(start), "range_end": b64(_after(start)), "count_only": True}}
         for r in {last, max(last - 1, 0)}
-        for start in (base + f"{r}/node/".encode(), base + f"{r}/hb/".encode())
+        for start in (name(keys.node_prefix(r)), name(keys.heartbeat_prefix(r)))
     ]
     answer = client.txn(success=counts)
     if any(int((reply.get("response_range") or {}).get("count", 0)) for reply in answer.get("responses") or []):
-        if ended[0]["key"] == b64(base + b"closed"):
+        if ended[0]["key"] == b64(closed):
             log.warning(
                 "rendezvous %r: a job with this id has ended and some of its nodes' keys have not expired "
                 "yet; this node will find the rendezvous closed. Use a new --rdzv-id, or start again once "

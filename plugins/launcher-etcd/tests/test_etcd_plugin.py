@@ -18,9 +18,9 @@ from launcher_etcd.settings import ALL_CONFIG_KEYS
 def test_registers_etcd_and_torchruns_etcd_v2_as_one_backend() -> None:
     manager = get_plugin_manager(load_entrypoints=False, environ={})
     manager.register_plugin(launcher_etcd.plugin)
-    etcd = manager.get("rendezvous backend", "etcd")
+    etcd = manager.get(RendezvousBackend, "etcd")
     assert isinstance(etcd, RendezvousBackend)
-    assert manager.get("rendezvous backend", "ETCD-V2") is etcd
+    assert manager.get(RendezvousBackend, "ETCD-V2") is etcd
     assert etcd.aliases == ("etcd-v2",) and etcd.create_handler is not None and etcd.create_store is None
     assert etcd.config_keys == ALL_CONFIG_KEYS and etcd.config_keys is not None
     torchrun_names = {"protocol", "cacert", "cert", "key", "ssl_cert", "ssl_cert_key", "ca_cert", "read_timeout",
@@ -34,10 +34,11 @@ def test_listing_backends_imports_no_etcd_client() -> None:
         """
         import json, sys
         from launcher.plugins.manager import get_plugin_manager
+        from launcher.plugins.types import RendezvousBackend
         import launcher_etcd.plugin
         manager = get_plugin_manager(load_entrypoints=False, environ={})
         manager.register_plugin(launcher_etcd.plugin)
-        manager.get("rendezvous backend", "etcd")
+        manager.get(RendezvousBackend, "etcd")
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("etcd3gw", "requests", "urllib3", "torch"))
         print(json.dumps(heavy))
         """
@@ -53,7 +54,8 @@ def test_installed_distribution_is_found_through_its_entry_point(installed_plugi
         """
         import json
         from launcher.plugins.manager import get_plugin_manager
-        provided = get_plugin_manager(environ={}).lookup("rendezvous backend", "etcd-v2")
+        from launcher.plugins.types import RendezvousBackend
+        provided = get_plugin_manager(environ={}).lookup(RendezvousBackend, "etcd-v2")
         import launcher_etcd
         print(json.dumps([provided.plugin.distribution, provided.plugin.version, provided.registration.name,
                           launcher_etcd.__file__]))

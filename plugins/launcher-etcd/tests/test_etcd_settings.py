@@ -8,7 +8,7 @@ import pytest
 from etcd_helpers import node_params
 from launcher.rendezvous.api import RendezvousConfigError
 from launcher.rendezvous.config import DynamicRendezvousConfig
-from launcher.rendezvous.dynamic import _Keys
+from launcher.rendezvous.keys import RendezvousKeys
 from launcher_etcd.backend import owned_by_node
 from launcher_etcd.settings import (
     ALL_CONFIG_KEYS,
@@ -130,7 +130,7 @@ def test_timeout_is_the_join_timeout_for_etcd_and_ignored_for_etcd_v2() -> None:
 
 def test_owned_keys_are_exactly_the_cores_per_node_keys() -> None:
     # Built with the core's own key names: this fails if the core renames them.
-    keys = _Keys("job/with/slashes")
+    keys = RendezvousKeys("job/with/slashes")
     assert owned_by_node(keys.node(3, 17)) and owned_by_node(keys.heartbeat(0, 0))
     for shared in (keys.seq(3), keys.sealed(3), keys.current, keys.closed, keys.lost(3, 1), keys.lost_count(3),
                    keys.rejoin(3), keys.master(3), keys.open(4), keys.agent(3) + "x"):  # fmt: skip

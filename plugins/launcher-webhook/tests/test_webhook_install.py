@@ -19,9 +19,10 @@ CHECK = textwrap.dedent(
     import json, sys
     from launcher.events import SinkContext, create_event_bus
     from launcher.plugins.manager import get_plugin_manager
+    from launcher.plugins.types import EventHandler
 
     manager = get_plugin_manager()
-    provided = manager.lookup("event handler", "webhook")
+    provided = manager.lookup(EventHandler, "webhook")
     bus = create_event_bus(["webhook"], manager, SinkContext(run_id="installed", node="n1", role="r"))
     bus.emit("job_succeeded", restart_count=0)
     finished = bus.close(timeout=10)

@@ -12,6 +12,7 @@ import pytest
 from launcher.events import EventBus, create_event_bus
 from launcher.events.model import Event, EventSinkError, SinkContext
 from launcher.plugins.manager import LauncherPluginManager
+from launcher.plugins.types import EventHandler
 from launcher_webhook.sink import WebhookSettings, WebhookSink, create_webhook_sink, redact
 from webhook_servers import Behaviour, EventServer
 
@@ -143,7 +144,7 @@ def test_close_is_bounded_when_the_server_hangs(event_server: StartServer) -> No
 
 def test_through_the_event_bus(event_server: StartServer, plugin_manager: LauncherPluginManager) -> None:
     # Registered directly here; the entry point is tested with a real install.
-    if "webhook" not in plugin_manager.names("event handler"):
+    if "webhook" not in plugin_manager.names(EventHandler):
         plugin_manager.register_plugin(launcher_webhook.plugin)
     server = event_server(lambda n: (503, 0.0) if n == 0 else (200, 0.0))
     bus = create_event_bus(["console", "webhook"], plugin_manager, _context(server.url))

@@ -25,6 +25,8 @@ def main() -> int:
     dist.all_reduce(torch.ones(1))
     print(f"rank {rank} ready", flush=True)
     if str(rank) in os.environ.get("MN_EXIT_RANKS", "").split(","):
+        # Without it gloo may abort the process at exit ("terminate called without an active exception").
+        dist.destroy_process_group()
         return 0
     fail_rank = int(os.environ.get("MN_FAIL_RANK", "-1"))
     fail_at = time.monotonic() + float(os.environ.get("MN_FAIL_AFTER", "1"))

@@ -55,8 +55,11 @@ def _unshadow():
     spec.loader.exec_module(module)
 
 
-try:
-    _arm()
-except Exception as exc:  # never stop a worker from starting
-    sys.stderr.write(f"launcher: cannot arm stack dumps: {exc}\n")
-_unshadow()
+# Run when ``site`` imports this file at start-up. launcher's preload template loads it under
+# another name for :func:`_arm` alone (its workers are forked, not started by ``site``).
+if __name__ == "sitecustomize":
+    try:
+        _arm()
+    except Exception as exc:  # never stop a worker from starting
+        sys.stderr.write(f"launcher: cannot arm stack dumps: {exc}\n")
+    _unshadow()

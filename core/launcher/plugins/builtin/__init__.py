@@ -1,1 +1,1 @@
-"""Plugins that ship with the core; each registers through the core distribution's entry points."""
+"""Plugins that ship with the core, registered by the core itself (``manager.BUILTIN_PLUGINS``)."""

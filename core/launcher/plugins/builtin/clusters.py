@@ -7,17 +7,21 @@ them in priority order, MPI first, since an MPI rank inside a Slurm job sees bot
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from launcher.plugins import hookimpl
 from launcher.plugins.types import ClusterEnvironment
 
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from launcher.clusters.api import ClusterInfo
 
-def _lazy(module: str, function: str) -> Callable[[Mapping[str, str]], Any]:
-    def detect(environ: Mapping[str, str]) -> Any:
+
+def _lazy(module: str, function: str) -> Callable[[Mapping[str, str]], ClusterInfo | None]:
+    def detect(environ: Mapping[str, str]) -> ClusterInfo | None:
         import importlib
 
-        return getattr(importlib.import_module(f"launcher.clusters.{module}"), function)(environ)
+        found: ClusterInfo | None = getattr(importlib.import_module(f"launcher.clusters.{module}"), function)(environ)
+        return found
 
     return detect
 

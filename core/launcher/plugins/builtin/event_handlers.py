@@ -1,6 +1,6 @@
 """Built-in event handlers: ``null`` (alias ``dynamic_rendezvous``), ``console`` and ``jsonl``.
 
-Registered through the core distribution's ``launcher`` entry points like any plugin. Importing
+Registered by the core itself (``launcher.plugins.manager.BUILTIN_PLUGINS``). Importing
 this module is cheap: the sinks' module is imported only when a sink is created.
 """
 

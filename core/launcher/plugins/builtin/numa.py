@@ -7,17 +7,21 @@ library, and are imported when one is chosen.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from launcher.plugins import hookimpl
 from launcher.plugins.types import NumaStrategy
 
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from launcher.numa.strategies import AffinityStrategy
 
-def _factory(class_name: str) -> Callable[[], Any]:
-    def create() -> Any:
+
+def _factory(class_name: str) -> Callable[[], AffinityStrategy]:
+    def create() -> AffinityStrategy:
         from launcher.numa import strategies
 
-        return getattr(strategies, class_name)()
+        strategy: AffinityStrategy = getattr(strategies, class_name)()
+        return strategy
 
     return create
 

@@ -1,0 +1,141 @@
+"""launcher's start-up against the floor (floor.py: a bare Python process starting 4 Python workers)
+and against torchrun.
+
+All three start the same no-op worker 4 times (``--standalone --nproc-per-node 4`` for the two
+launchers), from the same clean virtual environment (bench_venv.py) and the same environment
+(``OMP_NUM_THREADS=1``, bytecode cached), taking turns run by run so that drift on a shared machine
+hits each alike. The figure is the time from invoking the command to the last worker's first
+line, read from the workers' own clocks; each is the median of ``--runs`` runs. The goal is
+launcher <= 1.5x the floor.
+
+``--explain`` also runs launcher once under ``python -X importtime`` and prints where its own
+start-up goes: the import time of each top-level package and the costliest modules.
+
+Usage: ``python benchmarks/bench_floor.py [--runs 15] [--explain] [--json benchmarks/results/floor.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from bench_venv import ROOT, VENV, ensure_venv
+
+NPROC = 4
+GOAL = 1.5
+
+NOOP = """
+import time
+t = time.time()
+import os, sys
+with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as f:
+    f.write(repr(t))
+"""
+
+
+def commands(python: Path) -> dict[str, list[str]]:
+    flags = ["--standalone", "--nproc-per-node", str(NPROC)]
+    return {
+        "floor": [str(python), str(ROOT / "benchmarks" / "floor.py"), str(NPROC)],
+        "launcher": [str(VENV / "bin" / "launcher"), *flags],
+        "torchrun": [str(VENV / "bin" / "torchrun"), *flags],
+    }
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # cached bytecode, as on a user's machine
+    return env
+
+
+def measure(cmd: list[str], script: Path, work: Path) -> float:
+    """Seconds from invoking ``cmd`` to the last worker's first line."""
+    out = Path(tempfile.mkdtemp(dir=work))
+    start = time.time()
+    result = subprocess.run([*cmd, str(script), str(out)], env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed: {result.stderr.decode()[-2000:]}")
+    return max(float((out / str(rank)).read_text()) for rank in range(NPROC)) - start
+
+
+def explain(python: Path, script: Path, work: Path) -> dict[str, object]:
+    """Import time of launcher's start-up by top-level package, and the costliest modules (ms)."""
+    result = subprocess.run([str(python), "-X", "importtime", "-m", "launcher", "--standalone", "--nproc-per-node",
+                             str(NPROC), str(script), str(work)], env=clean_env(), capture_output=True, text=True,
+                            timeout=300)
+    by_package: dict[str, float] = defaultdict(float)
+    modules: list[tuple[float, str]] = []
+    for line in result.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line or "self [us]" in line:
+            continue
+        self_us, _cumulative, name = line[len("import time:"):].split("|")
+        name = name.strip()
+        by_package[name.split(".")[0]] += int(self_us) / 1000
+        modules.append((int(self_us) / 1000, name))
+    total = sum(by_package.values())
+    print(f"\nlauncher's imports: {total:.1f} ms in all (-X importtime inflates every figure somewhat)")
+    for package, ms in sorted(by_package.items(), key=lambda item: -item[1])[:12]:
+        print(f"  {ms:7.1f} ms  {package}")
+    print("costliest modules (own time):")
+    for ms, name in sorted(modules, reverse=True)[:15]:
+        print(f"  {ms:7.1f} ms  {name}")
+    return {"imports_ms": round(total, 1),
+            "by_package_ms": {k: round(v, 1) for k, v in sorted(by_package.items(), key=lambda i: -i[1])[:12]}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--explain", action="store_true", help="also show where launcher's start-up goes")
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "floor.json"))
+    args = parser.parse_args()
+    python = ensure_venv()
+    tools = commands(python)
+    samples: dict[str, list[float]] = {tool: [] for tool in tools}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        script = work / "noop.py"
+        script.write_text(NOOP)
+        for cmd in tools.values():  # warm the page cache (and compile bytecode) before timing
+            measure(cmd, script, work)
+        for _ in range(args.runs):
+            for tool, cmd in tools.items():
+                samples[tool].append(measure(cmd, script, work))
+        explained = explain(python, script, work) if args.explain else None
+    medians = {tool: statistics.median(values) for tool, values in samples.items()}
+    results: dict[str, object] = {
+        "title": f"{NPROC} no-op workers: invoke -> last worker's first line",
+        "unit": "s",
+        **{f"{tool}_median": round(value, 4) for tool, value in medians.items()},
+        "launcher_over_floor": round(medians["launcher"] / medians["floor"], 3),
+        "torchrun_over_floor": round(medians["torchrun"] / medians["floor"], 3),
+        "launcher_over_torchrun": round(medians["launcher"] / medians["torchrun"], 3),
+        "goal_launcher_over_floor": GOAL,
+        "runs": args.runs,
+        **{f"{tool}_samples": [round(x, 4) for x in values] for tool, values in samples.items()},
+    }
+    if explained is not None:
+        results["explain"] = explained
+    print(f"\n{'tool':10s} | {'median':>9s} | over the floor")
+    for tool, value in medians.items():
+        print(f"{tool:10s} | {value * 1000:7.1f}ms | {value / medians['floor']:.2f}x"
+              + (f" (goal <= {GOAL}x)" if tool == "launcher" else ""))
+    results["meta"] = {"nproc_per_node": NPROC, "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                       "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwritten to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

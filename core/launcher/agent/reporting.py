@@ -1,0 +1,233 @@
+"""How a failed job is reported on this node: its failures, its ranks, and every node's outcome.
+
+When a job fails, each agent describes its own workers (:meth:`NodeReporter.failures`,
+:meth:`NodeReporter.rank_states`), shares its outcome with the other nodes through the
+rendezvous store and reads theirs (:mod:`launcher.agent.outcome`), and reports the job's root
+cause: the earliest failure of the whole job (:meth:`NodeReporter.job_failed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+from launcher.agent.result import AgentResult
+from launcher.rendezvous.api import FixedMembership, RendezvousError, StoreBackedHandler
+from launcher.store.api import StoreError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.group import WorkerGroup, WorkerSlot
+    from launcher.agent.outcome import NodeOutcome
+    from launcher.failures.oom import OomWatch
+    from launcher.failures.report import FailureReport, RankState, WorkerFailure
+    from launcher.hangs.report import HangReport
+    from launcher.plan import LaunchPlan
+    from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
+
+__all__ = ["NodeReporter", "store_gone"]
+
+log = logging.getLogger("launcher.agent")
+
+
+def store_gone(handler: RendezvousHandler) -> str | None:
+    """One line when the rendezvous store is gone or cut off (a fresh connect fails), else None."""
+    if not isinstance(handler, StoreBackedHandler):
+        return None
+    problem = handler.store_problem()
+    if problem is None:
+        return None
+    return f"{handler.store_location()} is gone: {problem}"
+
+
+class NodeReporter:
+    """This node's identity in a job and its side of reporting how the job ended."""
+
+    def __init__(self, plan: LaunchPlan, emit: Callable[..., None]) -> None:
+        self.plan = plan
+        self.node = plan.node
+        self._emit = emit
+        #: This node's group rank and address in a multi-node job (None on a single node).
+        self.group_rank: int | None = None
+        self.node_addr: str | None = None
+        #: Set when the rendezvous store stopped answering while workers ran (one line).
+        self.store_note: str | None = None
+        #: This node's ranks when the workers were last stopped to re-form the group.
+        self.last_ranks: list[RankState] = []
+
+    def joined(self, info: RendezvousInfo, handler: RendezvousHandler) -> None:
+        """Remember where this node stands in a multi-node round."""
+        if info.group_world_size > 1:
+            self.group_rank = info.group_rank
+            announced = handler.node_address() if isinstance(handler, StoreBackedHandler) else None
+            self.node_addr = self.plan.local_addr or announced
+
+    def failures(self, group: WorkerGroup, failed: Sequence[WorkerSlot]) -> list[WorkerFailure]:
+        """One record per failed worker (and a ``worker_failed`` event each), earliest first."""
+        from launcher.failures.report import WorkerFailure
+
+        failures = []
+        for slot in failed:
+            process = slot.process
+            assert process is not None
+            code = process.returncode
+            failures.append(
+                WorkerFailure(
+                    node=self.node,
+                    rank=slot.global_rank,
+                    local_rank=slot.local_rank,
+                    role=self.plan.role,
+                    pid=process.pid,
+                    exitcode=code if code is not None and code >= 0 else None,
+                    signal=-code if code is not None and code < 0 else None,
+                    timestamp=process.ended_at or time.time(),
+                    error_file=slot.error_file,
+                    stderr_tail=group.stderr_tail(slot),
+                    group_rank=self.group_rank,
+                    node_addr=self.node_addr,
+                )
+            )
+            self._emit(
+                "worker_failed",
+                rank=slot.global_rank,
+                local_rank=slot.local_rank,
+                pid=process.pid,
+                exitcode=failures[-1].exitcode,
+                signal=failures[-1].signal,
+            )
+        failures.sort(key=lambda f: f.timestamp)
+        return failures
+
+    def rank_states(self, group: WorkerGroup, killed: Collection[int]) -> list[RankState]:
+        """Every local rank's state; ``killed`` are the local ranks the agent stopped."""
+        from launcher.failures.report import RankState
+
+        states = []
+        for slot in group.slots:
+            process = slot.process
+            code = process.returncode if process is not None else None
+            if process is None or code is None:
+                state = "running"
+            elif slot.local_rank in killed:
+                state = "killed by the agent"
+            else:
+                state = "succeeded" if code == 0 else "failed"
+            states.append(RankState(slot.global_rank, slot.local_rank, process.pid if process else None, state, code))
+        return states
+
+    def outcome(self, info: RendezvousInfo, root: dict[str, Any] | None = None,
+                reason: str | None = None) -> NodeOutcome:
+        """This node's record for the other nodes."""
+        from launcher.agent.outcome import NodeOutcome
+
+        return NodeOutcome(info.group_rank, self.node, self.node_addr, root, reason)
+
+    def _lost_store(self, handler: RendezvousHandler, exc: BaseException) -> None:
+        self.store_note = store_gone(handler) or f"cannot reach the rendezvous store: {exc}"
+
+    def publish(self, info: RendezvousInfo, handler: RendezvousHandler, outcome: NodeOutcome) -> None:
+        """Share ``outcome`` with the other nodes of a multi-node round (a no-op otherwise)."""
+        from launcher.agent.outcome import outcome_prefix, publish_outcome
+
+        if info.store is None or info.group_world_size == 1 or self.store_note is not None:
+            return
+        try:
+            publish_outcome(info.store, outcome_prefix(self.plan.run_id, info.round), outcome)
+        except (StoreError, RendezvousError, OSError) as exc:
+            self._lost_store(handler, exc)
+
+    def gather(self, info: RendezvousInfo, handler: RendezvousHandler, *, closer: bool) -> dict[int, NodeOutcome]:
+        """The other nodes' records: all of them (a closer, whose cause may not be the first), or
+        until one names a cause (a node that only saw the job end)."""
+        from launcher.agent.outcome import OUTCOME_TIMEOUT, collect_outcomes, outcome_prefix
+
+        if info.store is None or info.group_world_size == 1 or self.store_note is not None:
+            return {}
+
+        def lost() -> set[int]:
+            with contextlib.suppress(StoreError, RendezvousError, OSError):
+                names = set(handler.lost_nodes())
+                return {g for g, node in enumerate(info.participants) if node in names}
+            return set()
+
+        def enough(found: dict[int, NodeOutcome]) -> bool:
+            if closer:
+                return len(found) >= info.group_world_size
+            return any(o.root or o.reason for g, o in found.items() if g != info.group_rank)
+
+        # Nodes of a fixed-membership rendezvous (static) never learn that the job was closed,
+        # so they write no record to wait for: read what is there.
+        timeout = 0.0 if isinstance(handler, FixedMembership) else OUTCOME_TIMEOUT
+        try:
+            return collect_outcomes(info.store, outcome_prefix(self.plan.run_id, info.round),
+                                    info.group_world_size, until=enough, lost=lost, timeout=timeout)
+        except (StoreError, RendezvousError, OSError) as exc:
+            self._lost_store(handler, exc)
+            return {}
+
+    def job_failed(self, info: RendezvousInfo, handler: RendezvousHandler, failures: list[WorkerFailure],
+                   ranks: list[RankState], *, closer: bool, hang: HangReport | None = None,
+                   oom_watch: OomWatch | None = None) -> AgentResult:
+        """End a failed job on this node: share this node's outcome, close the rendezvous, learn
+        the other nodes' outcomes, and report the job's root cause and every local rank."""
+        from launcher.failures.report import FailureReport, ReportedFailure
+
+        local = FailureReport.from_failures(failures, oom_watch=oom_watch) if failures else None
+        if closer or local is not None:
+            self.publish(info, handler, self.outcome(info, root=local.root_cause.to_dict() if local else None))
+        if closer:
+            with contextlib.suppress(StoreError, RendezvousError, OSError):
+                handler.set_closed()
+        others = self.gather(info, handler, closer=closer or local is not None)
+        remote = [o for g, o in others.items() if g != info.group_rank]
+        roots = [ReportedFailure.from_dict(o.root) for o in remote if o.root]
+        entries = ([local.root_cause, *local.others] if local else []) + roots
+        multi = info.group_world_size > 1
+        this_node = f"{self.node} (node {info.group_rank}{', ' + self.node_addr if self.node_addr else ''})"
+        notes = [self.store_note] if self.store_note else []
+        if entries:
+            entries.sort(key=lambda r: (r.time, r.failure.timestamp, r.failure.rank))
+            root = entries[0]
+            others_local = [e for e in entries[1:] if e in (local.failures if local else [])]
+            if local is not None and root is local.root_cause:
+                count = len(local.failures)
+                title = f"{count} worker{'s' if count != 1 else ''} failed"
+            else:
+                title = f"the job failed on {root.failure.node_label}"
+            report = FailureReport([root, *others_local], title=title, created=time.time(),
+                                   node_ranks=ranks if multi else [], this_node=this_node if multi else "",
+                                   notes=notes)
+            if hang is not None:
+                report.title = "a rank hung; the workers were stopped"
+                report.hang = hang.to_dict()
+            self.write_report(report)
+            return AgentResult(exit_code=1, failures=failures, report=report)
+        reasons = [f"{o.label}: {o.reason}" for o in remote if o.reason]
+        if self.store_note:
+            message = self.store_note
+        elif reasons:
+            message = "the job was ended by " + "; ".join(reasons)
+        else:
+            message = "the job was ended by another node (its workers failed, or it was stopped)"
+        if multi and ranks:
+            self.log_ranks(ranks)
+        return AgentResult(exit_code=1, message=message)
+
+    def log_ranks(self, ranks: list[RankState]) -> None:
+        """This node's ranks and their states, ahead of the one-line error that ends the job."""
+        from launcher.failures.report import render_ranks
+
+        where = f"{self.node} (node {self.group_rank}{', ' + self.node_addr if self.node_addr else ''})"
+        log.warning("%s", "\n".join(render_ranks(ranks, f"Ranks on this node ({where}):")))
+
+    def write_report(self, report: FailureReport) -> None:
+        """``failure_report.json`` in the job's log directory, when it has one."""
+        logs_specs = self.plan.logs_specs
+        with contextlib.suppress(Exception):
+            # Ours names it run_log_dir; torch's DefaultLogsSpecs keeps it in _run_log_dir.
+            log_dir = getattr(logs_specs, "run_log_dir", None) or getattr(logs_specs, "_run_log_dir", None)
+            if log_dir:
+                report.write_json(os.path.join(log_dir, "failure_report.json"))

@@ -1,0 +1,327 @@
+"""The launch plan: everything a launch needs, decided once, before anything starts.
+
+::
+
+    LaunchConfig ─► build_plan() ─► LaunchPlan ─► Agent(plan).run()
+                     │
+                     ├─ every plugin the config names: rendezvous backend (and its --rdzv-conf),
+                     │  LogsSpecs, event handlers, NUMA strategy
+                     ├─ the machine: --log-dir writable, ulimit room for the workers
+                     └─ decisions: the LogsSpecs object, the NUMA CPU plan, the workers' base
+                        environment (OMP_NUM_THREADS), --virtual-local-rank's devices, hang settings
+
+:func:`build_plan` raises every problem it finds as a :class:`~launcher.errors.UsageError` (one
+line, exit status 2; NUMA's ``--numa-fallback error`` as a :class:`~launcher.errors.LaunchError`)
+before a store is served, a node contacted or a worker started. The CLI and the Python API both
+build the plan, so both print the same notices and reject the same input.
+
+A plan holds no resources. What would be one is a factory the agent calls and then owns:
+:meth:`RendezvousPlan.create_handler` (creating a handler may connect to a store) and
+:meth:`EventsPlan.open` (sinks may open files and start threads).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import UsageError
+from launcher.values import quote
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.group import Entrypoint
+    from launcher.config import LaunchConfig
+    from launcher.events.bus import EventBus
+    from launcher.events.model import SinkContext
+    from launcher.plugins.manager import LauncherPluginManager
+    from launcher.plugins.types import DeviceProvider, EventHandler, RendezvousBackend
+    from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
+
+__all__ = [
+    "EventsPlan",
+    "HangPlan",
+    "LaunchPlan",
+    "RendezvousPlan",
+    "WorkerPlan",
+    "build_plan",
+    "check_log_dir",
+    "format_cpus",
+    "resolve_plugins",
+]
+
+log = logging.getLogger("launcher.plan")
+
+#: CPU sets per local rank (``None``: that rank runs unbound), or ``None`` without ``--numa-binding``.
+CpuPlan = tuple[frozenset[int] | None, ...] | None
+
+
+@dataclass(frozen=True)
+class RendezvousPlan:
+    """The rendezvous backend and its parameters, checked but not connected."""
+
+    backend: RendezvousBackend
+    parameters: RendezvousParameters
+
+    def create_handler(self) -> RendezvousHandler:
+        """A new handler of the backend (it may connect to, or serve, a store)."""
+        from launcher.rendezvous.registry import handler_for
+
+        return handler_for(self.backend, self.parameters)
+
+    def setting(self, key: str) -> str | None:
+        """An ``--rdzv-conf`` value, as the backend receives it."""
+        return self.parameters.config.get(key)
+
+
+@dataclass(frozen=True)
+class EventsPlan:
+    """The event handlers chosen with ``--event-log-handler`` and what their sinks are told."""
+
+    handlers: tuple[EventHandler, ...]
+    context: SinkContext
+    _open: Callable[[], EventBus] = field(repr=False, compare=False)
+
+    def open(self) -> EventBus:
+        """Start every handler's sink; a sink that cannot start raises a :class:`UsageError`."""
+        return self._open()
+
+
+@dataclass(frozen=True)
+class HangPlan:
+    """``--hang-timeout`` and ``--hang-watch``."""
+
+    timeout: float
+    #: Whether any output line counts as progress (``--hang-watch output``), not only heartbeats.
+    watch_output: bool
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How every worker of every attempt is started."""
+
+    start_method: str
+    worker_tty: str
+    #: ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``; ``None`` gives ``[<role><local_rank>]:``.
+    prefix_template: str | None
+    stdout_filters: tuple[str, ...]
+    stderr_filters: tuple[str, ...]
+    #: The agent's environment with the plan's decisions applied (``OMP_NUM_THREADS``).
+    base_env: Mapping[str, str] = field(repr=False)
+    #: Set for every worker on top of ``base_env`` (``LaunchConfig.worker_env``).
+    extra_env: Mapping[str, str]
+    #: Per local rank, ``--virtual-local-rank``'s overrides (empty mappings without it).
+    device_env: tuple[Mapping[str, str], ...]
+    cpus: CpuPlan
+    #: ``--preload``: modules the workers are forked with, already imported (launcher.agent.preload).
+    preload: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One node's launch, fully decided: what :class:`~launcher.agent.agent.Agent` runs."""
+
+    run_id: str
+    role: str
+    #: This host's name, as reports and events name the node.
+    node: str
+    entry: Entrypoint
+    nproc_per_node: int
+    max_restarts: int
+    monitor_interval: float
+    shutdown_timeout: float
+    exit_barrier_timeout: float
+    #: ``--local-addr``: how other nodes reach this one (``None``: the backend's guess).
+    local_addr: str | None
+    #: Signals the agent forwards to its workers.
+    signals: tuple[int, ...]
+    #: ``--signals-to-handle`` as given (workers see it as ``TORCHELASTIC_SIGNALS_TO_HANDLE``).
+    signal_names: tuple[str, ...]
+    rendezvous: RendezvousPlan
+    workers: WorkerPlan
+    #: The LogsSpecs object that places each attempt's output (launcher's, or one for torchrun).
+    logs_specs: Any
+    log_dir: str | None
+    events: EventsPlan
+    hangs: HangPlan | None
+    device_provider: DeviceProvider | None
+
+
+def build_plan(
+    config: LaunchConfig,
+    manager: LauncherPluginManager,
+    entry: Entrypoint,
+    *,
+    device_provider: DeviceProvider | None = None,
+) -> LaunchPlan:
+    """The plan for ``config``: every plugin resolved, every value and the machine checked.
+
+    ``device_provider`` is the provider that counted ``--nproc-per-node`` (the CLI resolves it
+    while reading the flags). Raises :class:`UsageError` for any problem, before anything starts.
+    """
+    config.validate()  # a LaunchConfig may have been changed since it was built
+    backend, event_handlers = resolve_plugins(config, manager)
+    if config.log_dir:
+        check_log_dir(config.log_dir)
+    from launcher.limits import check_worker_limits
+
+    check_worker_limits(config.nproc_per_node)
+
+    from launcher.logs.select import create_logs_specs
+    from launcher.rendezvous.registry import rendezvous_parameters
+
+    logs_specs = create_logs_specs(config, manager)
+    cpus = _plan_cpus(config, device_provider, manager)
+    base_env = _base_env(config)
+    node = socket.gethostname()
+    return LaunchPlan(
+        run_id=config.run_id,
+        role=config.role,
+        node=node,
+        entry=entry,
+        nproc_per_node=config.nproc_per_node,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        shutdown_timeout=config.shutdown_timeout,
+        exit_barrier_timeout=config.exit_barrier_timeout,
+        local_addr=config.local_addr,
+        signals=tuple(config.signal_numbers),
+        signal_names=tuple(s.strip() for s in config.signals_to_handle),
+        rendezvous=RendezvousPlan(backend, rendezvous_parameters(config)),
+        workers=WorkerPlan(
+            start_method=config.start_method,
+            worker_tty=config.worker_tty,
+            prefix_template=config.log_line_prefix_template,
+            stdout_filters=tuple(config.duplicate_stdout_filters),
+            stderr_filters=tuple(config.duplicate_stderr_filters),
+            base_env=MappingProxyType(base_env),
+            extra_env=MappingProxyType(dict(config.worker_env)),
+            device_env=_device_env(config, device_provider, base_env),
+            cpus=cpus,
+            preload=tuple(config.preload),
+        ),
+        logs_specs=logs_specs,
+        log_dir=config.log_dir,
+        events=_events_plan(config, manager, node, event_handlers),
+        hangs=HangPlan(config.hang_timeout, config.hang_watch == "output") if config.hang_timeout else None,
+        device_provider=device_provider,
+    )
+
+
+def resolve_plugins(
+    config: LaunchConfig, manager: LauncherPluginManager
+) -> tuple[RendezvousBackend, tuple[EventHandler, ...]]:
+    """Every plugin the config names exists (and the rendezvous backend accepts its settings).
+
+    Returns the rendezvous backend and the event handlers (each once, aliases collapsed); the
+    LogsSpecs and the NUMA strategy are only checked here, and built by their own steps.
+    """
+    from launcher.plugins.types import EventHandler, LogsSpecsProvider, NumaStrategy, RendezvousBackend
+    from launcher.rendezvous.registry import check_rendezvous_config
+
+    check_rendezvous_config(config, manager)
+    backend = manager.get(RendezvousBackend, config.rdzv_backend)
+    if isinstance(config.logs_specs, str):
+        manager.get(LogsSpecsProvider, config.logs_specs)
+    handlers: dict[str, EventHandler] = {}
+    for name in config.event_log_handlers:
+        handler = manager.get(EventHandler, name)
+        handlers.setdefault(handler.name, handler)
+    if config.numa_binding:
+        manager.get(NumaStrategy, config.numa_binding)
+    return backend, tuple(handlers.values())
+
+
+def check_log_dir(path: str) -> None:
+    """``path`` exists as a writable directory afterwards (created if missing), or a one-line error.
+
+    Creating it is what the logs would do a moment later; doing it now turns a traceback in the
+    middle of the start into a usage error before it.
+    """
+    if path == os.devnull:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--log-dir {quote(path)} is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"--log-dir {quote(path)} cannot be created or written: {reason}") from None
+
+
+def _events_plan(config: LaunchConfig, manager: LauncherPluginManager, node: str,
+                 handlers: tuple[EventHandler, ...]) -> EventsPlan:
+    from launcher.events.bus import create_event_bus
+    from launcher.events.model import SinkContext
+
+    context = SinkContext(run_id=config.run_id, node=node, role=config.role)
+    names = tuple(config.event_log_handlers)
+    return EventsPlan(handlers, context, functools.partial(create_event_bus, names, manager, context))
+
+
+def _plan_cpus(config: LaunchConfig, provider: DeviceProvider | None, manager: LauncherPluginManager) -> CpuPlan:
+    if not config.numa_binding:
+        return None
+    from launcher.numa import plan_affinity
+
+    plan = plan_affinity(
+        config.numa_binding,
+        config.nproc_per_node,
+        provider,
+        manager,
+        on_failure="error" if config.numa_fallback == "error" else "warn",
+    )
+    if plan is None:
+        return None
+    for rank, cpus in enumerate(plan):
+        log.info("local rank %d bound to CPUs %s", rank, format_cpus(cpus))
+    return tuple(plan)
+
+
+def _base_env(config: LaunchConfig) -> dict[str, str]:
+    """This process's environment, with ``OMP_NUM_THREADS=1`` when several workers would share the CPUs."""
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env and config.nproc_per_node > 1:
+        log.warning(
+            "setting OMP_NUM_THREADS=1 for each worker so %d workers do not oversubscribe the CPUs; "
+            "set OMP_NUM_THREADS to tune it",
+            config.nproc_per_node,
+        )
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _device_env(
+    config: LaunchConfig, provider: DeviceProvider | None, base_env: Mapping[str, str]
+) -> tuple[Mapping[str, str], ...]:
+    """``--virtual-local-rank``: each local rank's one device (a rank without one is a UsageError)."""
+    if not config.virtual_local_rank:
+        return tuple(MappingProxyType({}) for _ in range(config.nproc_per_node))
+    from launcher.devices import virtual_local_rank_env
+
+    return tuple(
+        MappingProxyType(virtual_local_rank_env(provider, local_rank, base_env))
+        for local_rank in range(config.nproc_per_node)
+    )
+
+
+def format_cpus(cpus: frozenset[int] | None) -> str:
+    """``0-3,8`` for the CPUs ``{0, 1, 2, 3, 8}`` (empty for none)."""
+    if not cpus:
+        return ""
+    ordered = sorted(cpus)
+    parts = []
+    start = prev = ordered[0]
+    for cpu in [*ordered[1:], -2]:
+        if cpu != prev + 1:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+            start = cpu
+        prev = cpu
+    return ",".join(parts)

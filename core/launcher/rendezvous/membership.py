@@ -1,0 +1,99 @@
+"""Who takes part in a round: node descriptors, the records nodes store, a node's membership.
+
+The values under the ``node/<i>`` and ``sealed`` keys (their layout is in "Keys" in
+docs/rendezvous.md) are JSON objects; :func:`decode` reads them back, and :class:`Membership`
+is what a node keeps of a sealed round it takes part in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.rendezvous.api import RendezvousError
+
+__all__ = ["Membership", "NodeDescriptor", "decode", "encode", "list_ids"]
+
+# Node ids shown in one progress or error message, at most.
+_MAX_IDS = 16
+
+_local_ids = itertools.count()
+
+
+@dataclass(frozen=True, order=True)
+class NodeDescriptor:
+    """Who a node is: its address, process id and a per-process counter.
+
+    ``id`` (``addr_pid_n``) names the node in participants lists, logs and errors.
+    """
+
+    addr: str
+    pid: int
+    local_id: int
+
+    @property
+    def id(self) -> str:
+        """``addr_pid_n``."""
+        return f"{self.addr}_{self.pid}_{self.local_id}"
+
+    @classmethod
+    def generate(cls, local_addr: str | None = None) -> NodeDescriptor:
+        """A descriptor unique to this handler: several handlers in one process never share one."""
+        return cls(local_addr or socket.getfqdn(), os.getpid(), next(_local_ids))
+
+    def record(self, *, is_host: bool, was_rank0: bool, local_world_size: int | None) -> bytes:
+        """The participant record this node writes under ``<r>/node/<i>``."""
+        return encode(
+            {
+                "id": self.id,
+                "addr": self.addr,
+                "pid": self.pid,
+                "lid": self.local_id,
+                "host": is_host,
+                "r0": was_rank0,
+                "lws": local_world_size,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Membership:
+    """This node's place in a sealed round."""
+
+    round: int
+    rank: int
+    ids: list[str]
+    local_world_sizes: list[int | None]
+    #: Join indexes 1..count were considered by the closer; later ones are waiting.
+    count: int
+    #: Group rank of the participant that serves the store, if one does.
+    host_rank: int | None = None
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as the compact JSON every record is stored as."""
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """A stored record (a JSON object); :class:`RendezvousError` if it is anything else."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise RendezvousError(f"the rendezvous store holds a value this launcher cannot read: {raw[:80]!r}")
+    return value
+
+
+def list_ids(ids: Sequence[str]) -> str:
+    """Node ids for a message: comma-separated, at most 16, then how many more."""
+    shown = ", ".join(ids[:_MAX_IDS])
+    if len(ids) > _MAX_IDS:
+        shown += f" and {len(ids) - _MAX_IDS} more"
+    return shown

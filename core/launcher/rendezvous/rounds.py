@@ -1,0 +1,365 @@
+"""Forming rounds: how a node gets a place in a round, and how the job's end reaches every node.
+
+Steps 2 to 5 of "A node joining" in docs/rendezvous.md: pick the round, take a join index,
+close (seal) the round when this node's index makes it the closer, wait as a late node for the
+next round, give up after ``join_timeout``; and "Closing the job", which every one of those
+waits also watches for. The handler (:mod:`launcher.rendezvous.dynamic`) does the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Any
+
+from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
+from launcher.rendezvous.config import DynamicRendezvousConfig
+from launcher.rendezvous.keys import RendezvousKeys
+from launcher.rendezvous.membership import Membership, NodeDescriptor, decode, encode, list_ids
+from launcher.rendezvous.store_ops import StoreOps
+from launcher.store.api import StoreError, StoreTimeoutError
+
+__all__ = ["CLOSED", "Rounds"]
+
+log = logging.getLogger("launcher.rendezvous")
+
+#: What ``current`` and ``<r>/open`` hold once the job has ended.
+CLOSED = b"closed"
+
+
+class Rounds:
+    """The rounds of one job, as one node takes part in them through the store.
+
+    ``node`` is this node; it joins rounds of ``min_nodes`` to ``max_nodes`` nodes.
+    ``progress_interval`` is the period of "still waiting" messages. :attr:`closed` is set
+    once this node has seen the job closed.
+    """
+
+    def __init__(
+        self,
+        ops: StoreOps,
+        keys: RendezvousKeys,
+        node: NodeDescriptor,
+        *,
+        min_nodes: int,
+        max_nodes: int,
+        config: DynamicRendezvousConfig,
+        progress_interval: float,
+    ) -> None:
+        self._ops = ops
+        self._keys = keys
+        self._node = node
+        self._min = min_nodes
+        self._max = max_nodes
+        self._config = config
+        self._run_id = ops.run_id
+        self.progress_interval = progress_interval
+        self.closed = False
+        self._record = b""
+
+    def join(self, previous: Membership | None, record: bytes, deadline: float) -> Membership:
+        """This node's membership of the next round it gets into, writing ``record`` as its
+        participant record; ``previous`` is its last round (``None``: it is new to the job).
+
+        Raises :class:`RendezvousClosedError` when the job is over, and
+        :class:`RendezvousTimeoutError` when fewer than MIN nodes joined by ``deadline``.
+        """
+        self._record = record
+        outcome: Membership | int = self._first_round(previous)
+        while not isinstance(outcome, Membership):
+            outcome = self._attempt(outcome, deadline, previous)
+        return outcome
+
+    def _first_round(self, previous: Membership | None) -> int:
+        current = self._read_current()
+        if previous is not None and current <= previous.round:
+            # This node was in the newest round: a new one is needed (a restart or a scale-up).
+            return self._open(previous.round + 1)
+        return current
+
+    def _open(self, r: int) -> int:
+        """Make round ``r`` the current one (if no one did); the current round afterwards."""
+        raw = self._ops.compare_set(self._keys.current, str(r - 1).encode(), str(r).encode())
+        if raw == CLOSED:
+            raise self._closed_error()
+        value = int(raw)
+        if value == r:
+            # Wakes the nodes that wait for a round after r - 1 (see "Late nodes").
+            self._ops.set(self._keys.open(r), b"1")
+        return max(value, r)
+
+    def _read_current(self) -> int:
+        """The current round number, creating it (0) for the first node of the job.
+
+        ``current`` holds ``closed`` once the job has ended, so this one read also tells a
+        late node to leave.
+        """
+        raw = self._ops.compare_set(self._keys.current, b"", b"0")
+        if raw == CLOSED:
+            self.closed = True
+            raise self._closed_error()
+        return int(raw)
+
+    def _closed_error(self) -> RendezvousClosedError:
+        why = ""
+        try:
+            if self._ops.check([self._keys.closed]):
+                raw = self._ops.get(self._keys.closed)
+                if raw not in (b"", b"1"):
+                    why = f" ({raw.decode(errors='replace')})"
+        except (RendezvousError, StoreError):
+            pass  # the reason is a courtesy: the job has ended all the same
+        return RendezvousClosedError(f"rendezvous {self._run_id!r} is closed: the job has ended{why}")
+
+    def _attempt(self, r: int, deadline: float, previous: Membership | None) -> Membership | int:
+        """Try to be a participant of round ``r``: this node's membership, or the round to try next."""
+        index = self._ops.add(self._keys.seq(r), 1)
+        if index > self._max:
+            return self._wait_late(r, deadline, f"round {r} is full ({self._max} nodes)")
+        self._ops.set(self._keys.node(r, index), self._record)
+        log.info(
+            "rendezvous %r: node %s joined round %d as number %d (min %d, max %d)",
+            self._run_id,
+            self._node.id,
+            r,
+            index,
+            self._min,
+            self._max,
+        )
+        now = time.monotonic()
+        close_at = backup_at = math.inf
+        grace = max(1.0, self._config.last_call_timeout / 2)
+        if index == self._max:
+            self._seal(r, self._max)  # the round is full: close it at once
+        elif index == self._min:
+            close_at = now + self._config.last_call_timeout  # this node closes after the last call
+        elif index > self._min:
+            backup_at = now + self._config.last_call_timeout + grace
+        next_progress = now + self.progress_interval
+        while True:
+            now = time.monotonic()
+            wake = min(deadline, next_progress, close_at, backup_at)
+            if self._ops.wait([self._keys.sealed(r)], wake - now):
+                return self._after_sealed(r, index, deadline)
+            now = time.monotonic()
+            if now >= deadline:
+                return self._join_timed_out(r, index, deadline, previous)
+            if now >= close_at or now >= backup_at:
+                count = self._ops.add(self._keys.seq(r), 0)
+                self._seal(r, min(count, self._max))
+                close_at = backup_at = math.inf
+                continue
+            if now >= next_progress:
+                next_progress = now + self.progress_interval
+                self._raise_if_closed()
+                count = self._ops.add(self._keys.seq(r), 0)
+                if count >= self._min and backup_at == math.inf and close_at == math.inf:
+                    # Quorum is reached but this node is not its closer: close later if the closer
+                    # has died in the meantime.
+                    backup_at = now + self._config.last_call_timeout + grace
+                self._report_progress(r, index, count, deadline, close_at, previous)
+
+    def _report_progress(
+        self,
+        r: int,
+        index: int,
+        count: int,
+        deadline: float,
+        close_at: float,
+        previous: Membership | None,
+    ) -> None:
+        now = time.monotonic()
+        if count >= self._min:
+            when = f"closes in {max(0.0, close_at - now):.0f} s" if close_at < math.inf else "closes soon"
+            log.info(
+                "rendezvous %r round %d: %d nodes joined (min %d, max %d); the round %s unless %d join first",
+                self._run_id,
+                r,
+                count,
+                self._min,
+                self._max,
+                when,
+                self._max,
+            )
+            return
+        missing = ""
+        if index == 1:  # one node per round looks up who is missing, so the cost stays O(1) per node
+            names = self._missing(r, count, previous)
+            if names:
+                missing = f"; missing: {list_ids(names)}"
+        log.info(
+            "rendezvous %r round %d: waiting for nodes, %d joined of min %d (max %d)%s; timeout in %.0f s",
+            self._run_id,
+            r,
+            count,
+            self._min,
+            self._max,
+            missing,
+            max(0.0, deadline - now),
+        )
+
+    def _missing(self, r: int, count: int, previous: Membership | None) -> list[str] | None:
+        """Participants of the previous round that have not joined round ``r``; None if unknown."""
+        if previous is None:
+            return None
+        try:
+            records = self._ops.multi_get([self._keys.node(r, k) for k in range(1, count + 1)], 1.0)
+        except StoreTimeoutError:
+            return None
+        joined = {decode(raw).get("id") for raw in records}
+        return [node for node in previous.ids if node not in joined]
+
+    def _seal(self, r: int, count: int) -> None:
+        """Close round ``r`` with the nodes of join index 1..count (see "Closing a round")."""
+        if self._ops.check([self._keys.sealed(r)]):
+            return  # closed already (by another closer, or by set_closed)
+        keys = [self._keys.node(r, k) for k in range(1, count + 1)]
+        try:
+            records = self._ops.multi_get(keys, self._config.read_timeout)
+        except StoreTimeoutError:
+            # A node died between taking its index and announcing itself: seal without it.
+            present = [k for k in keys if self._ops.check([k])]
+            records = self._ops.multi_get(present, self._config.read_timeout) if present else []
+        nodes = [decode(raw) for raw in records]
+        if len(nodes) < self._min:
+            value: dict[str, Any] = {
+                "state": "aborted",
+                "reason": f"only {len(nodes)} of {count} nodes announced themselves",
+            }
+        else:
+            stable = self._config.stable_rank0
+            # Deterministic order: every node would compute the same ranks from the same set.
+            nodes.sort(
+                key=lambda n: (
+                    not (stable and n.get("host")),
+                    not (stable and n.get("r0")),
+                    str(n.get("addr")),
+                    int(n.get("pid", 0)),
+                    int(n.get("lid", 0)),
+                )
+            )
+            hosts = [rank for rank, n in enumerate(nodes) if n.get("host")]
+            value = {
+                "state": "sealed",
+                "count": count,
+                "ids": [n["id"] for n in nodes],
+                "lws": [n.get("lws") for n in nodes],
+                "closer": self._node.id,
+                "hr": hosts[0] if hosts else None,
+            }
+        self._ops.compare_set(self._keys.sealed(r), b"", encode(value))
+
+    def _after_sealed(self, r: int, index: int, deadline: float) -> Membership | int:
+        state = decode(self._ops.get(self._keys.sealed(r)))
+        kind = state.get("state")
+        if kind == "closed":
+            raise self._closed_error()
+        if kind == "aborted":
+            log.info("rendezvous %r: round %d was abandoned (%s); trying again", self._run_id, r, state.get("reason"))
+            return self._open(r + 1)
+        ids: list[str] = state["ids"]
+        try:
+            rank = ids.index(self._node.id)
+        except ValueError:
+            if index <= int(state["count"]):
+                # The closer counted this index but did not see this node's record in time:
+                # take a new index so that the running nodes see one more node waiting.
+                self._ops.add(self._keys.seq(r), 1)
+            return self._wait_late(r, deadline, f"round {r} closed without this node")
+        host_rank = state.get("hr")
+        return Membership(
+            r,
+            rank,
+            ids,
+            list(state.get("lws") or [None] * len(ids)),
+            int(state["count"]),
+            host_rank if isinstance(host_rank, int) else None,
+        )
+
+    def _wait_late(self, r: int, deadline: float, why: str) -> int:
+        """Wait, counted as a waiting node of round ``r``, until round r + 1 opens; its number."""
+        log.info(
+            "rendezvous %r: %s; this node waits for the next round",
+            self._run_id,
+            why,
+        )
+        next_progress = time.monotonic() + self.progress_interval
+        while True:
+            now = time.monotonic()
+            if self._ops.wait([self._keys.open(r + 1)], min(deadline, next_progress) - now):
+                if self._ops.get(self._keys.open(r + 1)) == CLOSED:
+                    raise self._closed_error()
+                return r + 1
+            now = time.monotonic()
+            if now >= deadline:
+                self._ops.add(self._keys.seq(r), -1)  # no longer waiting: do not trigger a restart
+                raise RendezvousTimeoutError(
+                    f"rendezvous {self._run_id!r} timed out after {self._config.join_timeout:g} s: "
+                    f"{why}, and its nodes did not start a new round to admit this node"
+                )
+            next_progress = now + self.progress_interval
+            self._raise_if_closed()
+            current = self._read_current()
+            if current > r:  # the opener died between moving "current" and writing "open"
+                return current
+            log.info(
+                "rendezvous %r: still waiting for round %d to end and admit this node; timeout in %.0f s",
+                self._run_id,
+                r,
+                max(0.0, deadline - now),
+            )
+
+    def _join_timed_out(self, r: int, index: int, deadline: float, previous: Membership | None) -> Membership | int:
+        count = self._ops.add(self._keys.seq(r), 0)
+        if count >= self._min:
+            # MIN nodes are here: close now rather than fail (last call is only a courtesy).
+            self._seal(r, min(count, self._max))
+            return self._after_sealed(r, index, deadline)
+        missing = self._missing(r, count, previous)
+        aborted = {"state": "aborted", "reason": f"{self._node.id} timed out"}
+        got = decode(self._ops.compare_set(self._keys.sealed(r), b"", encode(aborted)))
+        if got.get("state") == "sealed" and self._node.id in got.get("ids", ()):
+            return self._after_sealed(r, index, deadline)  # sealed at the last moment, with this node
+        if got.get("state") == "closed":
+            raise self._closed_error()
+        message = (
+            f"rendezvous {self._run_id!r} timed out after {self._config.join_timeout:g} s: "
+            f"{count} of {self._min} required nodes joined round {r} (--nnodes {self._min}:{self._max})"
+        )
+        if missing:
+            message += f"; missing since round {previous.round if previous else '?'}: {list_ids(missing)}"
+        message += (
+            ". Start the missing nodes, check that every node uses the same --rdzv-endpoint and "
+            "--rdzv-id, or raise join_timeout"
+        )
+        raise RendezvousTimeoutError(message)
+
+    # -- the job's end ---------------------------------------------------------------------------
+
+    def is_closed(self) -> bool:
+        """Whether some node closed the rendezvous (one ``check`` until it has)."""
+        if not self.closed:
+            self.closed = self._ops.check([self._keys.closed])
+        return self.closed
+
+    def _raise_if_closed(self) -> None:
+        if self.is_closed():
+            raise self._closed_error()
+
+    def close_job(self, reason: str) -> None:
+        """Close the rendezvous for every node, saying ``reason`` (``1``: none given); waiting and
+        late nodes get RendezvousClosedError."""
+        self._ops.set(self._keys.closed, reason.encode())
+        raw = self._ops.compare_set(self._keys.current, b"", b"0")
+        while raw != CLOSED:
+            # Swap the round number for "closed" (retried only if a round opens meanwhile), so
+            # that a node arriving later learns it from the read it does anyway.
+            current = int(raw)
+            raw = self._ops.compare_set(self._keys.current, raw, CLOSED)
+            if raw == CLOSED:
+                # Wake whoever waits for this round to close or for the next one to open.
+                self._ops.compare_set(self._keys.sealed(current), b"", json.dumps({"state": "closed"}).encode())
+                self._ops.set(self._keys.open(current + 1), CLOSED)
+        self.closed = True

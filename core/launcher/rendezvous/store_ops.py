@@ -1,0 +1,179 @@
+"""The rendezvous's use of its store connection: one call at a time, waits cut into slices.
+
+One connection serves a handler's calls, its heartbeats and the agent's round store, so every
+call takes one lock (:class:`StoreOps`), and a blocking wait is cut into slices of at most
+:data:`WAIT_SLICE` seconds so that none of them locks the others out for long.
+:class:`RoundStore` is the agent's view of that connection: the keys of one round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from launcher.rendezvous.api import RendezvousError
+from launcher.store.api import KeyValueStore, StoreError, StoreTimeoutError
+
+__all__ = ["WAIT_SLICE", "RoundStore", "StoreOps", "wait_in_slices"]
+
+T = TypeVar("T")
+
+#: Longest single blocking wait on the shared connection, in seconds.
+WAIT_SLICE = 1.0
+
+
+def wait_in_slices(
+    wait: Callable[[list[str], float], Any], check: Callable[[list[str]], bool], keys: list[str], timeout: float
+) -> bool:
+    """Wait up to ``timeout`` seconds for ``keys`` with ``wait`` calls of at most :data:`WAIT_SLICE`
+    seconds each (a slice that times out raises StoreTimeoutError); whether they all exist.
+
+    Once the time is up, ``check`` gives the answer.
+    """
+    end = time.monotonic() + max(timeout, 0.0)
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return check(keys)
+        try:
+            wait(keys, min(left, WAIT_SLICE))
+            return True
+        except StoreTimeoutError:
+            continue
+
+
+class StoreOps:
+    """The store calls of one handler: one at a time (a lock), failures as RendezvousError."""
+
+    def __init__(self, store: KeyValueStore, run_id: str, read_timeout: float) -> None:
+        self.store = store
+        self.lock = threading.RLock()
+        self.run_id = run_id
+        self.read_timeout = read_timeout
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` under the lock; a store failure becomes a RendezvousError naming ``what``."""
+        with self.lock:
+            try:
+                return fn(*args)
+            except StoreTimeoutError:
+                if what == "wait":  # a wait that times out is an answer, handled by the caller
+                    raise
+                raise RendezvousError(
+                    f"rendezvous {self.run_id!r}: the store did not answer a {what} within "
+                    f"{self.read_timeout:g} s (read_timeout)"
+                ) from None
+            except StoreError as exc:
+                raise RendezvousError(f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}") from None
+
+    def raw(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` under the lock, store errors unchanged (for the agent's round store)."""
+        with self.lock:
+            return fn(*args)
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the counter at ``key``; the new value."""
+        return self.call("add", self.store.add, key, amount)
+
+    def set(self, key: str, value: bytes) -> None:
+        """Set ``key`` to ``value``."""
+        self.call("set", self.store.set, key, value)
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, which must appear within the read timeout."""
+        if not self.wait([key], self.read_timeout):
+            raise RendezvousError(
+                f"rendezvous {self.run_id!r}: the store key {key!r} did not appear within "
+                f"{self.read_timeout:g} s (read_timeout): the node that writes it may have died"
+            )
+        return self.call("get", self.store.get, key, self.read_timeout)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected``; the value now stored."""
+        return self.call("compare_set", self.store.compare_set, key, expected, desired)
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every key exists, without waiting."""
+        return self.call("check", self.store.check, list(keys))
+
+    def multi_get(self, keys: Sequence[str], timeout: float) -> list[bytes]:
+        """Values of ``keys`` once all exist; StoreTimeoutError after ``timeout`` seconds."""
+        if not self.wait(keys, timeout):
+            raise StoreTimeoutError(f"keys did not appear within {timeout:g} s")
+        return self.call("multi_get", self.store.multi_get, list(keys), self.read_timeout)
+
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``keys``; whether they all exist."""
+
+        def wait_slice(names: list[str], seconds: float) -> None:
+            self.call("wait", self.store.wait, names, seconds)
+
+        return wait_in_slices(wait_slice, self.check, list(keys), timeout)
+
+
+class RoundStore:
+    """The store handed to the agent: a key prefix per round, sharing the handler's connection.
+
+    Blocking calls wait in slices so that the heartbeat thread, which shares the connection,
+    keeps beating while the agent waits at its exit barrier.
+    """
+
+    def __init__(self, ops: StoreOps, prefix: str) -> None:
+        self._ops = ops
+        self.prefix = prefix
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def set(self, key: str, value: bytes) -> None:
+        """Set ``key`` to ``value``."""
+        self._ops.raw(self._ops.store.set, self._k(key), value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """The value of ``key``, waiting until it exists."""
+        self.wait([key], timeout)
+        return self._ops.raw(self._ops.store.get, self._k(key), self._ops.read_timeout)
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the integer at ``key``; the new value."""
+        return self._ops.raw(self._ops.store.add, self._k(key), amount)
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected``; the value now stored."""
+        return self._ops.raw(self._ops.store.compare_set, self._k(key), expected, desired)
+
+    def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        """Values of several keys, waiting until all exist."""
+        self.wait(keys, timeout)
+        return self._ops.raw(self._ops.store.multi_get, [self._k(k) for k in keys], self._ops.read_timeout)
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        """Set several keys at once."""
+        self._ops.raw(self._ops.store.multi_set, [self._k(k) for k in keys], list(values))
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every key exists, without waiting."""
+        return self._ops.raw(self._ops.store.check, [self._k(k) for k in keys])
+
+    def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        """Block until every key exists (``timeout`` ``None``: the read timeout)."""
+        limit = self._ops.read_timeout if timeout is None else timeout
+        store = self._ops.store
+
+        def wait_slice(names: list[str], seconds: float) -> None:
+            self._ops.raw(store.wait, names, seconds)
+
+        def check(names: list[str]) -> bool:
+            return self._ops.raw(store.check, names)
+
+        if not wait_in_slices(wait_slice, check, [self._k(k) for k in keys], limit):
+            raise StoreTimeoutError(f"keys {list(keys)} did not appear within {limit:g} s")
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; whether it existed."""
+        return self._ops.raw(self._ops.store.delete, self._k(key))
+
+    def close(self) -> None:
+        """Nothing to release: the connection belongs to the handler."""

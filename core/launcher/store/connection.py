@@ -1,0 +1,179 @@
+"""Opening a client connection to a TCPStore-protocol server: retry, handshake, authentication.
+
+:func:`open_connection` is what :class:`~launcher.store.client.TCPStoreClient` does on its first
+call and after every dropped connection: connect (every address the host resolves to), prove the
+shared secret when it has one (:mod:`launcher.store.admission`), then validate and ping the way
+torch's own client does, retrying with jittered backoff until the connect timeout passes.
+:class:`Deadline` bounds every blocking socket call of the client.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from typing import Final
+
+from launcher.addresses import format_address
+from launcher.store.admission import (
+    AUTH_HELLO,
+    AUTH_PROOF,
+    NONCE_LEN,
+    PROOF_LEN,
+    client_proof,
+    new_nonce,
+    proofs_match,
+    server_proof,
+)
+from launcher.store.api import StoreError
+from launcher.store.protocol import U8, U32, VALIDATION_MAGIC, QueryType
+
+__all__ = ["Deadline", "open_connection", "reachability_problem", "recv_exact"]
+
+_MAX_RETRY_DELAY_S: Final = 1.0
+
+
+class Deadline:
+    """A point in time (or none: wait forever) that blocking socket calls count down to."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, seconds: float | None) -> None:
+        self.at = None if seconds is None else time.monotonic() + max(0.0, seconds)
+
+    def remaining(self) -> float | None:
+        """Seconds left; raises :class:`TimeoutError` once it has passed."""
+        if self.at is None:
+            return None
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
+
+
+class _Refused(StoreError):
+    """The server turned us away; ``final`` when retrying cannot help (a secret mismatch)."""
+
+    def __init__(self, message: str, final: bool = True) -> None:
+        super().__init__(message)
+        self.final = final
+
+
+def reachability_problem(host: str, port: int, timeout: float = 2.0) -> str | None:
+    """Why a fresh TCP connection to ``host:port`` fails, or ``None`` when one succeeds.
+
+    Asked after a store call failed, to tell a store that is gone (refused: nothing listens any
+    more) or cut off (no answer) from a passing hiccup.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout:g} s (host down or network cut)"
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+
+
+def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
+    """Exactly ``n`` bytes from ``sock`` before ``deadline``; :class:`ConnectionError` when the
+    server closes the connection first, :class:`TimeoutError` when the deadline passes."""
+    buf = bytearray()
+    while len(buf) < n:
+        sock.settimeout(deadline.remaining())
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the store closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def open_connection(host: str, port: int, *, connect_timeout: float | None, secret: bytes | None) -> socket.socket:
+    """A validated connection to the store at ``host:port``, retrying until ``connect_timeout``
+    (seconds, ``None``: forever) passes; then :class:`StoreError` naming the address, the timeout
+    and the last error. A secret the server does not share fails at once."""
+    address = format_address(host, port)
+    deadline = Deadline(connect_timeout)
+    delay = 0.01
+    attempts = 0
+    last_error: BaseException | None = None
+    while True:
+        try:
+            left = deadline.remaining()
+        except TimeoutError:
+            break
+        attempts += 1
+        sock: socket.socket | None = None
+        try:
+            # create_connection tries every address the host resolves to (IPv4 and IPv6).
+            sock = socket.create_connection((host, port), timeout=left)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _handshake(sock, address, deadline, secret)
+            return sock
+        except _Refused as exc:
+            if sock is not None:
+                sock.close()
+            # A secret mismatch will not fix itself; a refused address might (the round
+            # may reopen), so that one keeps retrying like any connection failure.
+            if exc.final:
+                raise
+            last_error = exc
+        except (OSError, StoreError) as exc:
+            # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
+            if sock is not None:
+                sock.close()
+            last_error = exc
+        try:
+            left = deadline.remaining()
+        except TimeoutError:
+            break
+        pause = delay * random.uniform(0.5, 1.0)  # jitter: clients must not retry in lockstep
+        time.sleep(pause if left is None else min(pause, left))
+        delay = min(delay * 2, _MAX_RETRY_DELAY_S)
+    raise StoreError(
+        f"could not connect to the store at {address} within {connect_timeout:g} s "
+        f"({attempts} attempts; last error: {last_error or 'none'})"
+    ) from last_error
+
+
+def _handshake(sock: socket.socket, address: str, deadline: Deadline, secret: bytes | None) -> None:
+    # What torch's client does: a validation message (no reply), then a ping whose nonce the
+    # server must echo; the ping proves the server accepted us.
+    if secret is not None:
+        _authenticate(sock, address, deadline, secret)
+    nonce = os.getpid() & 0xFFFFFFFF
+    validate = U8.pack(QueryType.VALIDATE) + U32.pack(VALIDATION_MAGIC)
+    msg = validate + U8.pack(QueryType.PING) + U32.pack(nonce)
+    sock.settimeout(deadline.remaining())
+    sock.sendall(msg)
+    (echo,) = U32.unpack(recv_exact(sock, 4, deadline))
+    if echo != nonce:
+        raise StoreError(f"store at {address} answered the ping with {echo}, expected {nonce}")
+
+
+def _authenticate(sock: socket.socket, address: str, deadline: Deadline, secret: bytes) -> None:
+    """The challenge-response of :mod:`launcher.store.admission`, client side."""
+    client_nonce = new_nonce()
+    sock.settimeout(deadline.remaining())
+    sock.sendall(U8.pack(AUTH_HELLO) + client_nonce)
+    try:
+        status = recv_exact(sock, 1, deadline)[0]
+    except ConnectionError:
+        raise _Refused(
+            f"the store at {address} closed the connection (is this address admitted?)", final=False
+        ) from None
+    if status == 1:
+        raise _Refused(f"the store at {address} has no secret configured, but this client was given one")
+    if status != 0:
+        raise StoreError(f"store at {address} answered the authentication with {status}")
+    server_nonce = recv_exact(sock, NONCE_LEN, deadline)
+    their_proof = recv_exact(sock, PROOF_LEN, deadline)
+    if not proofs_match(their_proof, server_proof(secret, client_nonce, server_nonce)):
+        raise _Refused(f"the store at {address} does not know our secret")
+    sock.sendall(U8.pack(AUTH_PROOF) + client_proof(secret, server_nonce, client_nonce))
+    try:
+        ack = recv_exact(sock, 1, deadline)[0]
+    except ConnectionError:
+        raise _Refused(f"the store at {address} rejected our secret") from None
+    if ack != 0:
+        raise StoreError(f"store at {address} answered our proof with {ack}")
