@@ -295,7 +295,9 @@ class HideStatic:
 
 def test_a_wrapper_changes_what_the_builtins_provide(plugin_manager, register_plugin):
     register_plugin(HideStatic())
-    assert plugin_manager.names(RendezvousBackend) == ["c10d"]
+    # Other installed distributions (launcher-etcd) may add names of their own.
+    names = plugin_manager.names(RendezvousBackend)
+    assert "c10d" in names and "static" not in names
     with pytest.raises(PluginNotFoundError, match="unknown rendezvous backend 'static'"):
         plugin_manager.get(RendezvousBackend, "static")
     # The replaced registration is the wrapper's: it built it.
