@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,15 @@ from pathlib import Path
 import pytest
 
 LAUNCHER = [sys.executable, "-m", "launcher"]
+
+# A shell without job control starts a background command (`bash .ci/run &`, a CI runner's
+# script) with SIGINT ignored, and nohup ignores SIGHUP. Launchers started by the tests would
+# inherit that, and launcher deliberately keeps ignoring a signal its parent ignores, so the
+# tests of forwarding those signals would fail by where the suite was started from. Give the
+# test process (and so every process it starts) the dispositions of an interactive start.
+for _signum in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(_signum) is signal.SIG_IGN:
+        signal.signal(_signum, signal.default_int_handler if _signum == signal.SIGINT else signal.SIG_DFL)
 
 
 def unwrapped(text: str) -> str:

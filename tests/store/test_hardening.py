@@ -79,6 +79,7 @@ def test_pipelined_get_flood_keeps_memory_bounded() -> None:
             client.set("k", b"v")
             assert client.get("k") == b"v"
         peak = rss_bytes(server.proc.pid, "VmHWM")
+        print(f"FIGURE case=get-flood-server peak_rss_mb={peak / MB:.1f} limit_mb={RSS_LIMIT / MB:.0f}")
         assert 0 < peak < RSS_LIMIT, f"server peak RSS {peak / MB:.0f} MB"
         # The flooders' replies are intact, in order, once they read.
         for sock in socks:
@@ -235,6 +236,7 @@ def test_real_job_finishes_while_its_store_is_flooded(tmp_path: Path) -> None:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+    print(f"FIGURE case=get-flood-agent peak_rss_mb={peak / MB:.1f} limit_mb={RSS_LIMIT / MB:.0f}")
     assert agent.returncode == 0, out
     assert "rank 0 done" in out and "rank 1 done" in out, out
     assert 0 < peak < RSS_LIMIT, f"agent peak RSS {peak / MB:.0f} MB"
