@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
 @pytest.fixture(scope="session")
 def rsh_agent(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A stand-in for ssh that drops the host and runs the command here: hosts nodeA and nodeB."""
+    """A stand-in for ssh that drops the host and runs the command here: hosts node1 and node2."""
     path = tmp_path_factory.mktemp("rsh") / "rsh.sh"
     path.write_text(
         "#!/bin/sh\n# Drop ssh's options and the host name, run the rest on this host.\n"
@@ -60,13 +59,13 @@ def mpich() -> str:
     return shutil.which("mpirun.mpich") or "/usr/bin/mpirun.mpich"
 
 
-def root_flags() -> list[str]:
-    return ["--allow-run-as-root"] if os.geteuid() == 0 else []
-
-
 @pytest.fixture
 def train_script(tmp_path: Path) -> Path:
-    """A worker that checks a gloo all_reduce over the whole job; ``FAIL_RANK`` exits 3 instead."""
+    """A worker that checks a gloo all_reduce over the whole job; ``FAIL_RANK`` exits 3 instead.
+
+    Each rank's line ends with its Slurm node (``SLURMD_NODENAME``, ``-`` outside Slurm): the virtual
+    nodes share one host name, so that is what tells them apart.
+    """
     path = tmp_path / "train.py"
     path.write_text(
         "import os, sys\n"
@@ -79,7 +78,7 @@ def train_script(tmp_path: Path) -> Path:
         "dist.all_reduce(value)\n"
         "expected = world * (world + 1) / 2\n"
         "print(f'rank {rank} of {world} group {os.environ[\"GROUP_RANK\"]} sum {value.item():g} "
-        "expected {expected:g}', flush=True)\n"
+        "expected {expected:g} node {os.environ.get(\"SLURMD_NODENAME\", \"-\")}', flush=True)\n"
         "dist.destroy_process_group()\n"
         "sys.exit(0 if value.item() == expected else 1)\n"
     )

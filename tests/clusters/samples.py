@@ -1,7 +1,9 @@
 """Sample jobs for the cluster tests: real environment dumps (``data/``) and documented variables.
 
 ``data/*.json`` were captured on Debian 12 (Slurm 22.05.8 with two virtual nodes ``n1``/``n2``,
-Open MPI 4.1.4, MPICH 4.0.2): ``nodes`` holds, per launcher, the scheduler's variables it saw.
+Open MPI 4.1.4, MPICH 4.0.2; ``slurm-srun-pmix`` also needs ``libpmix-dev``, which Slurm's PMIx plugin
+loads, and ``TmpFS=DIR/%n`` so that the two virtual slurmds do not share PMIx's directory): ``nodes``
+holds, per launcher, the scheduler's variables it saw.
 LSF and Kubeflow have no packages here: their jobs are built from the documented variables.
 """
 

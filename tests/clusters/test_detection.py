@@ -1,7 +1,8 @@
 """What each built-in cluster environment says about real schedulers' environments.
 
-The table's rows are environments captured from real ``srun``, ``sbatch``, ``salloc``, ``mpirun``
-and ``mpirun.mpich`` runs (``data/``): for each, which built-ins claim it and what they derive.
+The table's rows are environments captured from real ``srun`` (plain, ``--mpi=pmi2``,
+``--mpi=pmix``), ``sbatch``, ``salloc``, ``mpirun`` and ``mpirun.mpich`` runs (``data/``): for
+each, which built-ins claim it and what they derive.
 Name resolution is pinned (the virtual nodes' names never resolve) so that the table does not
 depend on this machine's DNS.
 """
@@ -52,6 +53,11 @@ TABLE: dict[str, dict[str, tuple[object, ...]]] = {
     "slurm-srun-pmi2": {
         "mpich": ([0, 1], 2, "127.0.0.1", 15005, "slurm-5", "c10d", None),
         "slurm": ([0, 1], 2, "127.0.0.1", 15005, "slurm-5.0", "static", None),
+    },
+    "slurm-srun-pmix": {
+        # PMIx gives the rank only: the size and the endpoint come from Slurm; auto asks PMIx first.
+        "pmix": ([0, 1], 2, "127.0.0.1", 16750, "slurm-1351750", "c10d", None),
+        "slurm": ([0, 1], 2, "127.0.0.1", 16750, "slurm-1351750.0", "static", None),
     },
     "openmpi-in-salloc-two-per-node": {
         "openmpi": ([None] * 4, 4, None, None, None, "c10d", "2 launchers were started on this host"),

@@ -14,6 +14,9 @@ The rendezvous host is not in an MPI rank's environment. What this module uses:
   rendezvous: whichever launcher runs on that host serves the store, whatever its MPI rank. Its
   limit: ``mpirun`` must run on one of the job's nodes;
 - MPICH alone: nothing; give ``--rdzv-endpoint HOST:PORT`` (c10d) or ``--master-addr`` (static).
+  A Hydra rank sees ``PMI_RANK``, ``PMI_SIZE``, ``PMI_FD``, ``MPI_LOCALNRANKS``, ``MPI_LOCALRANKID``
+  and its own host (``MPIR_CVAR_CH3_INTERFACE_HOSTNAME``): rank 0's host would take the PMI
+  protocol over ``PMI_FD``, which the launcher does not speak.
 """
 
 from __future__ import annotations
