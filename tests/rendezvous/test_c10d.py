@@ -203,6 +203,51 @@ def test_file_store(tmp_path: Path, handlers: list[DynamicRendezvousHandler]) ->
     assert len({(i.master_addr, i.master_port) for i in infos}) == 1
 
 
+_ALL_REDUCE = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(f"rank {dist.get_rank()} all_reduce ok {value.item():.0f}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_file_store_from_the_command_line(tmp_path: Path) -> None:
+    """``--rdzv-conf store_type=file``: the endpoint is a path, not host:port; two agents
+    rendezvous through the file and their workers all_reduce."""
+    from tests.conftest import LAUNCHER, launcher_env
+
+    script = tmp_path / "all_reduce.py"
+    script.write_text(_ALL_REDUCE)
+    store = tmp_path / "shared dir" / "rdzv-store"  # a path no host:port parser would accept
+    store.parent.mkdir()
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", str(store),
+            "--rdzv-id", "file-job", "--rdzv-conf", "store_type=file,last_call_timeout=1,join_timeout=60",
+            "--local-addr", "127.0.0.1", "--monitor-interval", "0.2", str(script)]
+    env = launcher_env({"OMP_NUM_THREADS": "1"})
+    agents = [subprocess.Popen([*LAUNCHER, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True) for _ in range(2)]
+    try:
+        outputs = [agent.communicate(timeout=150) for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+    for agent, (_, err) in zip(agents, outputs, strict=True):
+        assert agent.returncode == 0, err
+    assert sorted(line.split("]:", 1)[-1] for out, _ in outputs for line in out.splitlines()
+                  if "all_reduce ok" in line) == ["rank 0 all_reduce ok 3", "rank 1 all_reduce ok 3"]
+    # Without a path it is a usage error, before anything starts.
+    missing = subprocess.run([*LAUNCHER, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-conf", "store_type=file",
+                              str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "store_type=file needs --rdzv-endpoint" in missing.stderr, missing.stderr
+
+
 # -- no torch, and a clean exit ----------------------------------------------------------------------
 
 _NO_TORCH = """
@@ -248,6 +293,28 @@ def test_host_serves_until_every_participant_left(
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_host_whose_last_rendezvous_failed_still_serves_until_the_others_left(
+    handlers: list[DynamicRendezvousHandler],
+) -> None:
+    """The host re-forms, but the other node never comes (it waits at its exit barrier, say):
+    the host's next round times out, and it still serves until that node has left round 0."""
+    from launcher.rendezvous.api import RendezvousTimeoutError
+
+    port = _free_port()
+    host = create_handler(_params(f"127.0.0.1:{port}", is_host="1", close_timeout="60", join_timeout="2"))
+    client = create_handler(_params(f"127.0.0.1:{port}", is_host="0", close_timeout="60", join_timeout="2"))
+    handlers += [client, host]
+    rendezvous_all([host, client])
+    with pytest.raises(RendezvousTimeoutError):
+        host.next_rendezvous()
+    host.set_closed()
+    done = threading.Event()
+    threading.Thread(target=lambda: (host.shutdown(), done.set()), daemon=True).start()
+    assert not done.wait(1.0)  # the client has not left round 0 yet
+    assert client.shutdown()
+    assert done.wait(30), "the host did not stop serving once the other node had left"
 
 
 def test_store_problem_names_a_store_that_is_gone(handlers: list[DynamicRendezvousHandler]) -> None:

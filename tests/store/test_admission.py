@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -81,7 +82,8 @@ def test_client_with_a_secret_refuses_a_server_without_one(server: StoreServer) 
 
 # The store, served from a namespace host; commands on stdin, one answer line each.
 SERVE = """
-import sys
+import logging, sys
+logging.basicConfig(level=logging.INFO)
 from launcher.store.admission import Admission
 from launcher.store.server import StoreServer
 networks = [n for n in sys.argv[1].split(";") if n]
@@ -96,6 +98,11 @@ for line in sys.stdin:
     if cmd == "restrict":
         server.restrict_to(arg.split(","))
         print("ok", flush=True)
+    elif cmd == "open":
+        server.restrict_to(None)
+        print("ok", flush=True)
+    elif cmd == "knocks":
+        print(",".join(sorted(map(str, server.knocking()))) or "-", flush=True)
     elif cmd == "has":
         print(server.store.check([arg]), flush=True)
 server.close()
@@ -227,6 +234,8 @@ def test_joiners_need_the_secret_and_members_keep_access_once_restricted(hosts: 
         out, _ = late.communicate("go\n", timeout=60)
         assert out.strip().startswith("refused"), out
         assert store.ask("has late") == "False"
+        # With a secret, a joiner proves it: refused peers are not counted as would-be joiners.
+        assert store.ask("knocks") == "-"
     finally:
         store.close()
 
@@ -248,11 +257,53 @@ def test_restriction_without_a_secret_admits_members_by_address(hosts: Network) 
     try:
         assert use(foreigner, store, "torch", "before") == "ok"  # nothing configured: open
         assert store.ask(f"restrict {member.addr}") == "ok"
+        assert store.ask("knocks") == "-"
         assert use(foreigner, store, "torch", "after").startswith("refused")
         assert use(foreigner, store, "ours", "after-2").startswith("refused")
         assert use(member, store, "torch", "member") == "ok"
         assert store.ask("has after") == "False" and store.ask("has member") == "True"
+        # The store's own host, through its own address rather than loopback: local, admitted.
+        assert use(server_host, store, "torch", "self") == "ok"
+        # The foreigner would be admitted to an open round: it is counted as a would-be joiner.
+        assert store.ask("knocks") == foreigner.addr
     finally:
         log = store.close()
     # torch's client retried for seconds, each attempt refused: one line says so.
     assert log.count(f"store server refused {foreigner.addr}") == 1, log
+
+
+# Keeps trying a store that refuses it, as a joining agent does, until it gets in.
+PATIENT = """
+import sys, time
+from launcher.store.client import TCPStoreClient
+start = time.monotonic()
+store = TCPStoreClient(sys.argv[1], int(sys.argv[2]), timeout=5, connect_timeout=1, refused_timeout=60)
+store.set("patient", b"in")
+print("ok", round(time.monotonic() - start, 1), flush=True)
+"""
+
+
+def test_a_refused_client_keeps_trying_until_the_round_reopens(hosts: Network) -> None:
+    """An agent that arrives while the round is closed is refused, counted, and gets in once the
+    store is opened for a new round, although its connect timeout (1 s) passed long before."""
+    server_host, member, joiner = hosts[0], hosts[1], hosts[2]
+    store = NamespaceStore(server_host, "", None)
+    try:
+        assert store.ask(f"restrict {member.addr}") == "ok"
+        patient = subprocess.Popen(
+            joiner.argv([sys.executable, "-c", PATIENT, server_host.addr, str(store.port)]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while store.ask("knocks") != joiner.addr:
+            assert time.monotonic() < deadline, "the joiner was never refused"
+            time.sleep(0.1)
+        time.sleep(1.5)  # past its connect timeout: only refused_timeout keeps it going
+        assert store.ask("has patient") == "False"
+        assert store.ask("open") == "ok"
+        out, _ = patient.communicate(timeout=60)
+        assert out.startswith("ok"), out
+        assert store.ask("has patient") == "True"
+    finally:
+        store.close()

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from launcher.agent.barrier import finished_nodes
 from launcher.agent.reporting import store_gone
 from launcher.agent.result import WatchOutcome
 from launcher.rendezvous.api import RendezvousError
@@ -52,12 +53,17 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
     return None
 
 
-def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callable[..., None]) -> bool:
+def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callable[..., None],
+                     info: RendezvousInfo | None = None) -> bool:
     """After a failure with no restart left: was a lost node the cause?
 
     A node that dies breaks its peers' collectives at once, but its heartbeats take up to
-    the heartbeat timeout to be missed; wait that long (at most) for the verdict.
+    the heartbeat timeout to be missed; wait that long (at most) for the verdict. Not when a
+    node of ``info``'s round has already finished (it waits at the exit barrier, and will join
+    no other round): then this node's own failure is the story, and it reports it.
     """
+    if info is not None and finished_nodes(info, plan.run_id) > 0:
+        return False
     grace = heartbeat_timeout(plan)
     deadline = time.monotonic() + grace
     while True:

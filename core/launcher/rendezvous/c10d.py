@@ -13,7 +13,9 @@ within ``join_timeout``.
 
 The host serves until every participant of the last round has left or ``close_timeout``
 passes (see :meth:`DynamicRendezvousHandler.shutdown`), so no node ever talks to a store that
-has already been shut down.
+has already been shut down. It applies the site's ``join_networks`` and ``secret_file`` to the
+store, and once a round is closed serves only its participants (docs/store-security.md); every
+agent's client proves the secret when one is configured.
 """
 
 from __future__ import annotations
@@ -170,11 +172,15 @@ def wait_until_reachable(host: str, port: int, timeout: float, run_id: str = "")
         delay = min(delay * 2, 1.0)
 
 
-def _serve(port: int) -> Any:
-    """launcher's store server on ``port`` of every interface (as torch's TCPStore master binds)."""
+def _serve(port: int, config: DynamicRendezvousConfig) -> Any:
+    """launcher's store server on ``port`` of every interface (as torch's TCPStore master binds),
+    admitting whom the site's ``join_networks`` and ``secret_file`` allow (docs/store-security.md)."""
     from launcher.store.server import StoreServer
 
-    return StoreServer("", port).start()
+    server = StoreServer("", port)
+    if config.store_admission is not None:
+        server.admission = config.store_admission
+    return server.start()
 
 
 def _connect(host: str, port: int, config: DynamicRendezvousConfig, run_id: str) -> KeyValueStore:
@@ -183,16 +189,25 @@ def _connect(host: str, port: int, config: DynamicRendezvousConfig, run_id: str)
     start = time.monotonic()
     wait_until_reachable(host, port, config.join_timeout, run_id)
     left = max(1.0, config.join_timeout - (time.monotonic() - start))
+    secret = config.store_admission.secret if config.store_admission is not None else None
     try:
-        client = TCPStoreClient(host, port, timeout=config.read_timeout, connect_timeout=left)
+        # A store that accepts and closes our connections does not admit this host now (a job
+        # whose round is closed): keep trying while the join timeout lasts, a new round may admit it.
+        client = TCPStoreClient(
+            host, port, timeout=config.read_timeout, connect_timeout=left, secret=secret, refused_timeout=left
+        )
     except (StoreError, OSError) as exc:
         raise RendezvousError(
             f"reached {format_endpoint(host, port)} but could not open the rendezvous store there: {exc}. "
-            "Is another program listening on that port?"
+            "Is another program listening on that port, do all nodes use the same join_networks and "
+            "secret (docs/store-security.md)?"
         ) from None
     # Once connected, a dropped connection is retried briefly: a store that refuses for
-    # seconds is gone (its host died), and the agent should say so rather than wait.
+    # seconds is gone (its host died), and the agent should say so rather than wait. A store
+    # that closes it at once (this node was cut off when a round closed without it) is
+    # retried while the join timeout lasts.
     client.connect_timeout = min(config.read_timeout, _RECONNECT_TIMEOUT)
+    client.refused_timeout = config.join_timeout
     return client
 
 
@@ -215,7 +230,7 @@ def open_store(
             log.info("rendezvous %r: %s is already served on this machine; connecting to it", run_id, host)
             return _connect(host, port, config, run_id), None
         try:
-            server = _serve(port)
+            server = _serve(port, config)
         except (StoreError, OSError) as exc:
             if explicit or not _in_use(exc):
                 raise RendezvousError(
@@ -274,4 +289,5 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
         backend_name="c10d",
         store_address=format_endpoint(host, server.port if server is not None else port),
         on_shutdown=server.close if server is not None else None,
+        store_server=server,
     )

@@ -31,6 +31,7 @@ from launcher.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from launcher.rendezvous.config import DynamicRendezvousConfig
+from launcher.rendezvous.gate import StoreGate
 from launcher.rendezvous.keys import KEY_ROOT, RendezvousKeys
 from launcher.rendezvous.liveness import (
     LEFT,
@@ -73,11 +74,14 @@ class DynamicRendezvousHandler:
     ``launcher.rendezvous`` logger. ``on_shutdown`` runs once in :meth:`shutdown` (the c10d
     host stops its store server there). ``store_address`` (``host:port``) names the store in
     messages and lets :meth:`store_problem` probe it. ``heartbeats`` steps this node's
-    heartbeat ring (``None``: the process's shared scheduler).
+    heartbeat ring (``None``: the process's shared scheduler). ``store_server`` is the
+    :class:`~launcher.store.server.StoreServer` this node serves the store with (c10d's host):
+    once a round is closed it serves only the round's participants (and whoever proves the
+    configured secret), see docs/store-security.md.
 
     A node that serves the store (``is_host``) keeps serving in :meth:`shutdown` until every
-    other participant of its round has left (or is lost, or ``close_timeout`` passes): see
-    "Leaving" in docs/rendezvous.md.
+    other participant of its last round has left (or is lost, or ``close_timeout`` passes),
+    however its job ended: see "Leaving" in docs/rendezvous.md.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class DynamicRendezvousHandler:
         on_shutdown: Callable[[], None] | None = None,
         store_address: str | None = None,
         heartbeats: HeartbeatScheduler | None = None,
+        store_server: Any = None,
     ) -> None:
         if not run_id:
             raise RendezvousError("the rendezvous needs a non-empty run id (--rdzv-id)")
@@ -126,8 +131,16 @@ class DynamicRendezvousHandler:
             config=self._config,
             progress_interval=progress_interval,
         )
+        self._gate = (
+            StoreGate(store_server, self._config.store_admission, run_id) if store_server is not None else None
+        )
+        if self._gate is not None:
+            self._rounds.on_attempt = self._gate.round_opened
+            self._rounds.on_sealed = self._gate.round_sealed
         self._heartbeats = heartbeats
         self._current: Membership | None = None
+        #: This node's last round, kept after it left it (the host waits for its departures).
+        self._last: Membership | None = None
         self._was_rank0 = False
         self._watcher: RingWatcher | None = None
         self._lost = LostNodes()
@@ -194,14 +207,17 @@ class DynamicRendezvousHandler:
         previous = self._current
         self._leave(rejoin=True)
         record = self._node.record(
-            is_host=self._is_host, was_rank0=self._was_rank0, local_world_size=self.local_world_size
+            is_host=self._is_host,
+            was_rank0=self._was_rank0,
+            local_world_size=self.local_world_size,
+            via=_local_address(self._ops.store),
         )
         try:
             membership = self._rounds.join(previous, record, deadline)
         except RendezvousTimeoutError as exc:
             self._failure = str(exc)
             raise
-        self._current = membership
+        self._current = self._last = membership
         self._was_rank0 = membership.rank == 0
         self._lost.reset()
         if len(membership.ids) > 1:
@@ -235,11 +251,16 @@ class DynamicRendezvousHandler:
 
     def num_nodes_waiting(self) -> int:
         """Nodes waiting to join a new round: restarts asked by participants, plus late nodes
-        while the round has room for them (two store reads)."""
+        while the round has room for them (two store reads). The node that serves the store
+        first announces, as late nodes, the agents it refused lately only because the round is
+        closed (see :class:`~launcher.rendezvous.gate.StoreGate`)."""
         m = self._current
         if m is None or self._shut_down:
             return 0
-        late = max(0, self._ops.add(self._keys.seq(m.round), 0) - m.count)
+        # On the store's host, an agent refused because the round is closed is announced as a
+        # late node of the round, so that every participant sees it waiting at once.
+        joiners = self._gate.new_joiners() if self._gate is not None else 0
+        late = max(0, self._ops.add(self._keys.seq(m.round), joiners) - m.count)
         rejoin = self._ops.add(self._keys.rejoin(m.round), 0)
         room = max(0, self._max - len(m.ids))
         return rejoin + min(late, room)
@@ -318,7 +339,8 @@ class DynamicRendezvousHandler:
 
         Leaving is this node's last write to the store. The host first waits for the others to
         leave (or be reported lost, or ``close_timeout`` to pass), so nobody's last write meets a
-        closed store.
+        closed store; also when this node is in no round any more (its last rendezvous failed),
+        for the participants of its last round.
         """
         if self._shut_down:
             return True
@@ -332,6 +354,17 @@ class DynamicRendezvousHandler:
             # Serve until the others have left (see "Leaving"), heartbeating meanwhile so
             # that their watchers do not report this node lost.
             await_departures(self._ops, self._keys, self._current, self.lost_nodes, self._config.close_timeout)
+        elif self._is_host and self._last is not None and len(self._last.ids) > 1:
+            # This node left its last round and found no new one (a failed rendezvous): a node
+            # of that round may still be at its exit barrier, or reporting; serve it until it left.
+            last, reports = self._last, LostNodes()
+            await_departures(
+                self._ops,
+                self._keys,
+                last,
+                lambda: reports.read(self._ops, self._keys, last.round),
+                self._config.close_timeout,
+            )
         try:
             self._leave(rejoin=False)
         except Exception as exc:  # shutting down must not raise
@@ -346,6 +379,15 @@ class DynamicRendezvousHandler:
             if callback is not None:
                 callback()
         return ok
+
+
+def _local_address(store: KeyValueStore) -> str | None:
+    """The address ``store``'s connection comes from, when it is a socket client that says."""
+    try:
+        value = getattr(store, "local_address", None)
+    except Exception:  # a wrapper's attribute lookup must not break joining
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 def handler_over_store(

@@ -17,7 +17,7 @@ from typing import Any
 
 from launcher.rendezvous.api import RendezvousError
 
-__all__ = ["Membership", "NodeDescriptor", "decode", "encode", "list_ids"]
+__all__ = ["Membership", "NodeDescriptor", "decode", "encode", "list_ids", "sealed_addresses"]
 
 # Node ids shown in one progress or error message, at most.
 _MAX_IDS = 16
@@ -46,19 +46,23 @@ class NodeDescriptor:
         """A descriptor unique to this handler: several handlers in one process never share one."""
         return cls(local_addr or socket.getfqdn(), os.getpid(), next(_local_ids))
 
-    def record(self, *, is_host: bool, was_rank0: bool, local_world_size: int | None) -> bytes:
-        """The participant record this node writes under ``<r>/node/<i>``."""
-        return encode(
-            {
-                "id": self.id,
-                "addr": self.addr,
-                "pid": self.pid,
-                "lid": self.local_id,
-                "host": is_host,
-                "r0": was_rank0,
-                "lws": local_world_size,
-            }
-        )
+    def record(
+        self, *, is_host: bool, was_rank0: bool, local_world_size: int | None, via: str | None = None
+    ) -> bytes:
+        """The participant record this node writes under ``<r>/node/<i>``; ``via`` is the
+        address its store connection comes from (what the store's host sees), when known."""
+        value: dict[str, Any] = {
+            "id": self.id,
+            "addr": self.addr,
+            "pid": self.pid,
+            "lid": self.local_id,
+            "host": is_host,
+            "r0": was_rank0,
+            "lws": local_world_size,
+        }
+        if via and via != self.addr:
+            value["via"] = via
+        return encode(value)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,9 @@ class Membership:
     count: int
     #: Group rank of the participant that serves the store, if one does.
     host_rank: int | None = None
+    #: Each participant's addresses, in group-rank order: its announced address, then the one
+    #: its store connection came from when that differs (empty when the closer did not say).
+    addresses: tuple[tuple[str, ...], ...] = ()
 
 
 def encode(value: Any) -> bytes:
@@ -97,3 +104,15 @@ def list_ids(ids: Sequence[str]) -> str:
     if len(ids) > _MAX_IDS:
         shown += f" and {len(ids) - _MAX_IDS} more"
     return shown
+
+
+def sealed_addresses(state: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """The participants' addresses of a ``sealed`` record, in group-rank order.
+
+    From its ``addrs`` list; a record written without one gives the address part of each id.
+    """
+    ids = state.get("ids") or []
+    addrs = state.get("addrs")
+    if isinstance(addrs, list) and len(addrs) == len(ids) and all(isinstance(entry, list) for entry in addrs):
+        return tuple(tuple(str(a) for a in entry if a) for entry in addrs if isinstance(entry, list))
+    return tuple((str(node).rsplit("_", 2)[0],) for node in ids)

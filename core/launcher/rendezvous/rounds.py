@@ -12,12 +12,13 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
-from launcher.rendezvous.membership import Membership, NodeDescriptor, decode, encode, list_ids
+from launcher.rendezvous.membership import Membership, NodeDescriptor, decode, encode, list_ids, sealed_addresses
 from launcher.rendezvous.store_ops import StoreOps
 from launcher.store.api import StoreError, StoreTimeoutError
 
@@ -34,7 +35,11 @@ class Rounds:
 
     ``node`` is this node; it joins rounds of ``min_nodes`` to ``max_nodes`` nodes.
     ``progress_interval`` is the period of "still waiting" messages. :attr:`closed` is set
-    once this node has seen the job closed.
+    once this node has seen the job closed. :attr:`on_attempt` (``r``) runs when this node
+    tries to take part in round ``r``, which is open then; :attr:`on_sealed` (``r``, the
+    participants' addresses) when it reads that round ``r`` closed with participants, whether
+    or not this node is one (the node that serves the store admits them, see
+    docs/store-security.md).
     """
 
     def __init__(
@@ -58,6 +63,8 @@ class Rounds:
         self.progress_interval = progress_interval
         self.closed = False
         self._record = b""
+        self.on_attempt: Callable[[int], None] | None = None
+        self.on_sealed: Callable[[int, tuple[tuple[str, ...], ...]], None] | None = None
 
     def join(self, previous: Membership | None, record: bytes, deadline: float) -> Membership:
         """This node's membership of the next round it gets into, writing ``record`` as its
@@ -115,8 +122,14 @@ class Rounds:
 
     def _attempt(self, r: int, deadline: float, previous: Membership | None) -> Membership | int:
         """Try to be a participant of round ``r``: this node's membership, or the round to try next."""
+        if self.on_attempt is not None:
+            self.on_attempt(r)
         index = self._ops.add(self._keys.seq(r), 1)
         if index > self._max:
+            if self.on_sealed is not None and self._ops.check([self._keys.sealed(r)]):
+                state = decode(self._ops.get(self._keys.sealed(r)))
+                if state.get("state") == "sealed":
+                    self.on_sealed(r, sealed_addresses(state))
             return self._wait_late(r, deadline, f"round {r} is full ({self._max} nodes)")
         self._ops.set(self._keys.node(r, index), self._record)
         log.info(
@@ -246,6 +259,8 @@ class Rounds:
                 "count": count,
                 "ids": [n["id"] for n in nodes],
                 "lws": [n.get("lws") for n in nodes],
+                # Who the store's host admits once the round is closed (docs/store-security.md).
+                "addrs": [[str(a) for a in (n.get("addr"), n.get("via")) if a] for n in nodes],
                 "closer": self._node.id,
                 "hr": hosts[0] if hosts else None,
             }
@@ -260,6 +275,9 @@ class Rounds:
             log.info("rendezvous %r: round %d was abandoned (%s); trying again", self._run_id, r, state.get("reason"))
             return self._open(r + 1)
         ids: list[str] = state["ids"]
+        addresses = sealed_addresses(state)
+        if self.on_sealed is not None:
+            self.on_sealed(r, addresses)
         try:
             rank = ids.index(self._node.id)
         except ValueError:
@@ -276,6 +294,7 @@ class Rounds:
             list(state.get("lws") or [None] * len(ids)),
             int(state["count"]),
             host_rank if isinstance(host_rank, int) else None,
+            addresses,
         )
 
     def _wait_late(self, r: int, deadline: float, why: str) -> int:

@@ -4,11 +4,18 @@ The node of rank 0 serves the store at ``--master-addr:--master-port`` (on loopb
 job has one node); the others connect to it. Each round is a barrier: every node waits until all
 ``nnodes`` have arrived at the same round, or fails after ``timeout`` seconds naming how many
 arrived. Workers use the same store (``TORCHELASTIC_USE_AGENT_STORE=True``).
+
+Who may use the store (docs/store-security.md): while the first round forms, whom the site's
+``--rdzv-conf join_networks`` and ``secret_file`` allow (anyone when neither is set); every node
+says at the barrier which address it reaches the store from, and once all have arrived rank 0
+serves only those addresses, its own host and loopback, for the rest of the job. Workers'
+torch clients are admitted by their host's address.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import time
 
@@ -21,14 +28,16 @@ from launcher.rendezvous.api import (
     RendezvousParameters,
     RendezvousTimeoutError,
 )
+from launcher.rendezvous.config import store_admission
 from launcher.rendezvous.endpoint import format_endpoint, parse_endpoint
+from launcher.rendezvous.gate import member_addresses
 from launcher.store.api import KeyValueStore, StoreError, StoreTimeoutError
 from launcher.store.server import StoreServer
 
 log = logging.getLogger("launcher.rendezvous")
 
 DEFAULT_TIMEOUT = 600.0
-CONFIG_KEYS = frozenset({"rank", "timeout"})
+CONFIG_KEYS = frozenset({"rank", "timeout", "join_networks", "secret_file"})
 
 
 class StaticRendezvous(FixedMembership):
@@ -43,6 +52,8 @@ class StaticRendezvous(FixedMembership):
         self.rank = params.get_as_int("rank", 0)
         self.timeout = params.get_as_float("timeout", DEFAULT_TIMEOUT)
         self.host, self.port = parse_endpoint(params.endpoint, 29500)
+        self._admission = store_admission(params.config)
+        self._restricted = False
         self._server: StoreServer | None = None
         self._store: KeyValueStore | None = None
         self._round = 0
@@ -60,6 +71,8 @@ class StaticRendezvous(FixedMembership):
             else:
                 bind = "::" if ":" in self.host else "0.0.0.0"
             server = StoreServer(bind, self.port)
+            if self._admission is not None:
+                server.admission = self._admission
             try:
                 server.start()
             except (OSError, StoreError) as exc:
@@ -75,7 +88,8 @@ class StaticRendezvous(FixedMembership):
                 self.host = bind
             return TCPStoreClient(bind if bind not in ("0.0.0.0", "::") else "127.0.0.1", server.port,
                                   timeout=self.timeout)
-        return TCPStoreClient(self.host, self.port, timeout=self.timeout)
+        secret = self._admission.secret if self._admission is not None else None
+        return TCPStoreClient(self.host, self.port, timeout=self.timeout, secret=secret)
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self.is_closed():
@@ -101,6 +115,12 @@ class StaticRendezvous(FixedMembership):
 
     def _barrier(self, store: KeyValueStore, round_: int) -> None:
         key = f"{self._prefix}/round{round_}"
+        if round_ == 1:
+            # Where this node reaches the store from: once every node has arrived, rank 0
+            # serves only those addresses (and its own host).
+            via = getattr(store, "local_address", None)
+            addresses = [a for a in (self._params.local_addr, via) if a]
+            store.set(f"{self._prefix}/addr/{self.rank}", json.dumps(addresses).encode())
         arrived = store.add(f"{key}/arrived", 1)
         if arrived == self.world_size:
             store.set(f"{key}/all_arrived", b"1")
@@ -109,10 +129,27 @@ class StaticRendezvous(FixedMembership):
             # The node serving the store releases the round once every node's workers are
             # stopped, after clearing what the previous attempt's workers wrote.
             self._wait(store, f"{key}/all_arrived", round_, deadline)
+            self._restrict(store)
             if round_ > 1:
                 self._server.discard_keys(keep_prefixes=("launcher/",))
             store.set(f"{key}/complete", b"1")
         self._wait(store, f"{key}/complete", round_, deadline)
+
+    def _restrict(self, store: KeyValueStore) -> None:
+        """Rank 0, every node arrived: serve only the nodes' addresses from now on."""
+        if self._restricted or self._server is None:
+            return
+        raw = store.multi_get([f"{self._prefix}/addr/{rank}" for rank in range(self.world_size)], self.timeout)
+        entries = []
+        for value in raw:
+            try:
+                entries.append([str(a) for a in json.loads(value)])
+            except (ValueError, TypeError):
+                entries.append([])
+        members = member_addresses(entries, self._run_id, "the static rendezvous's store")
+        if members is not None:
+            self._server.restrict_to(members)
+        self._restricted = True
 
     def _wait(self, store: KeyValueStore, done_key: str, round_: int, deadline: float) -> None:
         key = f"{self._prefix}/round{round_}"

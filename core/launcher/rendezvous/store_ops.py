@@ -3,7 +3,10 @@
 One connection serves a handler's calls, its heartbeats and the agent's round store, so every
 call takes one lock (:class:`StoreOps`), and a blocking wait is cut into slices of at most
 :data:`WAIT_SLICE` seconds so that none of them locks the others out for long.
-:class:`RoundStore` is the agent's view of that connection: the keys of one round.
+:class:`RoundStore` is the agent's view of that connection: the keys of one round. Its waits
+(the exit barrier, rank assignment, failure reports) run while the heartbeat thread beats, so
+they hold the lock for no blocking call at all: they poll with ``check`` and sleep between
+checks with the lock released (:func:`poll_until`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,33 @@ from typing import Any, TypeVar
 from launcher.rendezvous.api import RendezvousError
 from launcher.store.api import KeyValueStore, StoreError, StoreTimeoutError
 
-__all__ = ["WAIT_SLICE", "RoundStore", "StoreOps", "wait_in_slices"]
+__all__ = ["POLL_MAX", "WAIT_SLICE", "RoundStore", "StoreOps", "poll_until", "wait_in_slices"]
 
 T = TypeVar("T")
 
 #: Longest single blocking wait on the shared connection, in seconds.
 WAIT_SLICE = 1.0
+#: Longest pause between two checks of :func:`poll_until`, in seconds.
+POLL_MAX = 0.2
+
+
+def poll_until(check: Callable[[], bool], timeout: float) -> bool:
+    """Call ``check`` until it is true or ``timeout`` seconds have passed; its last answer.
+
+    Pauses 10 ms after the first check, doubling up to :data:`POLL_MAX`; the caller holds no
+    lock while it sleeps, so another thread of the same connection (the heartbeat) never waits
+    for more than one check.
+    """
+    end = time.monotonic() + max(timeout, 0.0)
+    pause = 0.01
+    while True:
+        if check():
+            return True
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, POLL_MAX)
 
 
 def wait_in_slices(
@@ -116,8 +140,9 @@ class StoreOps:
 class RoundStore:
     """The store handed to the agent: a key prefix per round, sharing the handler's connection.
 
-    Blocking calls wait in slices so that the heartbeat thread, which shares the connection,
-    keeps beating while the agent waits at its exit barrier.
+    Waits poll with ``check`` (:func:`poll_until`) rather than block on the connection, so that
+    the heartbeat thread, which shares it, keeps beating while the agent waits at its exit
+    barrier, however loaded the machine is.
     """
 
     def __init__(self, ops: StoreOps, prefix: str) -> None:
@@ -161,14 +186,8 @@ class RoundStore:
         """Block until every key exists (``timeout`` ``None``: the read timeout)."""
         limit = self._ops.read_timeout if timeout is None else timeout
         store = self._ops.store
-
-        def wait_slice(names: list[str], seconds: float) -> None:
-            self._ops.raw(store.wait, names, seconds)
-
-        def check(names: list[str]) -> bool:
-            return self._ops.raw(store.check, names)
-
-        if not wait_in_slices(wait_slice, check, [self._k(k) for k in keys], limit):
+        names = [self._k(k) for k in keys]
+        if not poll_until(lambda: bool(self._ops.raw(store.check, names)), limit):
             raise StoreTimeoutError(f"keys {list(keys)} did not appear within {limit:g} s")
 
     def delete(self, key: str) -> bool:

@@ -4,7 +4,9 @@ torch's workers add no per-attempt prefix to an agent store, so a store shared a
 would hand a re-formed group the addresses of the previous group's dead ranks. Unless the
 backend names a fixed store, group rank 0 therefore serves a fresh
 :class:`~launcher.store.server.StoreServer` for each round, on a kernel-chosen port, and
-publishes its address under ``<r>/master`` (see "Keys" in docs/rendezvous.md).
+publishes its address under ``<r>/master`` (see "Keys" in docs/rendezvous.md). The round is
+closed by then, so that store serves only the round's participants' addresses, this host and
+loopback from the start: torch's worker clients are admitted by address (docs/store-security.md).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from launcher.rendezvous.gate import member_addresses
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.rendezvous.membership import Membership
 from launcher.rendezvous.store_ops import StoreOps
@@ -52,6 +55,9 @@ class WorkersStore:
 
             addr = self._addr
             server = StoreServer("::" if ":" in addr else "0.0.0.0", 0)
+            members = member_addresses(m.addresses, self._ops.run_id, "the workers' store") if m.addresses else None
+            if members is not None:
+                server.restrict_to(members)
             server.start()
             self._server = server
             self._ops.set(key, json.dumps([addr, server.port]).encode())

@@ -2,7 +2,9 @@
 
 Values are bytes; keys are strings. Blocking calls take a timeout in seconds and raise
 :class:`StoreTimeoutError` when it passes. An implementation must be safe to call from one thread
-at a time; the rendezvous gives each thread its own client when it needs more.
+at a time; the rendezvous shares one client between its threads (the handler, its heartbeats and
+the agent's round store), which take turns under one lock and never hold it for a long wait
+(:mod:`launcher.rendezvous.store_ops`).
 
 Implementations in this package, each module with one job (all standard library only):
 

@@ -59,7 +59,10 @@ class TCPStoreClient:
 
     ``secret``: prove this shared secret to the server before anything else (see
     ``docs/store-security.md``); the server must prove it too, or the connection fails. The
-    secret itself never crosses the wire.
+    secret itself never crosses the wire. ``refused_timeout`` (seconds, default: as
+    ``connect_timeout``) is how long a (re)connection keeps trying while the server accepts and
+    at once closes it, i.e. does not admit this host now (a store restricted to the members of a
+    running round).
 
     One call runs at a time (calls from several threads are serialized); use a client per thread
     for parallelism.
@@ -73,6 +76,7 @@ class TCPStoreClient:
         timeout: float | None = 300.0,
         connect_timeout: float | None = None,
         secret: bytes | None = None,
+        refused_timeout: float | None = None,
     ) -> None:
         if not 0 < port < 1 << 16:
             raise ValueError(f"port must be in [1, 65535], got {port}")
@@ -83,6 +87,9 @@ class TCPStoreClient:
         if secret is not None and not secret:
             raise ValueError("the store secret is empty")
         self._secret = secret
+        #: How long a (re)connection keeps trying while the server does not admit this host
+        #: (``None``: as :attr:`connect_timeout`).
+        self.refused_timeout = refused_timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -116,9 +123,26 @@ class TCPStoreClient:
         # later, when a refused connection means the server is gone.
         self._connect_timeout = seconds
 
+    @property
+    def local_address(self) -> str | None:
+        """This end's IP address on the current connection: the address the server sees this
+        client as (``None`` while not connected)."""
+        sock = self._sock
+        if sock is None:
+            return None
+        try:
+            name = sock.getsockname()
+        except OSError:
+            return None
+        return str(name[0]) if isinstance(name, tuple) and name else None
+
     def _connect(self) -> None:
         self._sock = open_connection(
-            self._host, self._port, connect_timeout=self._connect_timeout, secret=self._secret
+            self._host,
+            self._port,
+            connect_timeout=self._connect_timeout,
+            secret=self._secret,
+            refused_timeout=self.refused_timeout,
         )
 
     def close(self) -> None:

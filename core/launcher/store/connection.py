@@ -9,6 +9,7 @@ torch's own client does, retrying with jittered backoff until the connect timeou
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -30,6 +31,8 @@ from launcher.store.api import StoreError
 from launcher.store.protocol import U8, U32, VALIDATION_MAGIC, QueryType
 
 __all__ = ["Deadline", "open_connection", "reachability_problem", "recv_exact"]
+
+log = logging.getLogger("launcher.store.client")
 
 _MAX_RETRY_DELAY_S: Final = 1.0
 
@@ -88,18 +91,35 @@ def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
     return bytes(buf)
 
 
-def open_connection(host: str, port: int, *, connect_timeout: float | None, secret: bytes | None) -> socket.socket:
+def open_connection(
+    host: str,
+    port: int,
+    *,
+    connect_timeout: float | None,
+    secret: bytes | None,
+    refused_timeout: float | None = None,
+) -> socket.socket:
     """A validated connection to the store at ``host:port``, retrying until ``connect_timeout``
     (seconds, ``None``: forever) passes; then :class:`StoreError` naming the address, the timeout
-    and the last error. A secret the server does not share fails at once."""
+    and the last error. A secret the server does not share fails at once.
+
+    ``refused_timeout`` (seconds from now; ``None``: the same as ``connect_timeout``) is how long
+    to keep trying while the server accepts connections and closes them at once: it does not
+    admit this address now (a store restricted to a running round's members, see
+    ``docs/store-security.md``), which may change when a new round opens.
+    """
     address = format_address(host, port)
     deadline = Deadline(connect_timeout)
+    refused_deadline = deadline if refused_timeout is None else Deadline(refused_timeout)
     delay = 0.01
     attempts = 0
+    refused = False  # the last attempt was accepted, then closed before the handshake ended
+    told = False
     last_error: BaseException | None = None
     while True:
+        active = refused_deadline if refused else deadline
         try:
-            left = deadline.remaining()
+            left = active.remaining()
         except TimeoutError:
             break
         attempts += 1
@@ -107,33 +127,61 @@ def open_connection(host: str, port: int, *, connect_timeout: float | None, secr
         try:
             # create_connection tries every address the host resolves to (IPv4 and IPv6).
             sock = socket.create_connection((host, port), timeout=left)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _handshake(sock, address, deadline, secret)
-            return sock
-        except _Refused as exc:
-            if sock is not None:
-                sock.close()
-            # A secret mismatch will not fix itself; a refused address might (the round
-            # may reopen), so that one keeps retrying like any connection failure.
-            if exc.final:
-                raise
+        except OSError as exc:
+            # Nothing listens, no route, no answer: the store is not there (yet).
+            refused = False
             last_error = exc
-        except (OSError, StoreError) as exc:
-            # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
-            if sock is not None:
+        else:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _handshake(sock, address, active, secret)
+                return sock
+            except _Refused as exc:
                 sock.close()
-            last_error = exc
+                # A secret mismatch will not fix itself; a refused address might (the round
+                # may reopen), so that one keeps retrying.
+                if exc.final:
+                    raise
+                refused, last_error = True, exc
+            except ConnectionError as exc:
+                # Accepted, then closed before answering: this address is not admitted now.
+                sock.close()
+                refused, last_error = True, exc
+            except (OSError, StoreError) as exc:
+                # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
+                sock.close()
+                refused, last_error = False, exc
+        if refused and not told and refused_deadline is not deadline:
+            told = True
+            log.info(
+                "the store at %s does not admit this host now (it closes our connections at once); "
+                "retrying until it does",
+                address,
+            )
+        active = refused_deadline if refused else deadline
         try:
-            left = deadline.remaining()
+            left = active.remaining()
         except TimeoutError:
             break
         pause = delay * random.uniform(0.5, 1.0)  # jitter: clients must not retry in lockstep
         time.sleep(pause if left is None else min(pause, left))
         delay = min(delay * 2, _MAX_RETRY_DELAY_S)
+    if refused:
+        why = (
+            "it accepted every connection and closed it at once: it does not admit this host "
+            "(a store restricted to a running job's members, see docs/store-security.md)"
+        )
+        waited = refused_timeout if refused_timeout is not None else connect_timeout
+    else:
+        why = f"last error: {last_error or 'none'}"
+        waited = connect_timeout
     raise StoreError(
-        f"could not connect to the store at {address} within {connect_timeout:g} s "
-        f"({attempts} attempts; last error: {last_error or 'none'})"
+        f"could not connect to the store at {address} within {_seconds(waited)} ({attempts} attempts; {why})"
     ) from last_error
+
+
+def _seconds(value: float | None) -> str:
+    return "forever" if value is None else f"{round(value, 1):g} s"
 
 
 def _handshake(sock: socket.socket, address: str, deadline: Deadline, secret: bytes | None) -> None:

@@ -44,6 +44,9 @@ _ACCEPT_BATCH: Final = 512
 ACCEPT_PAUSE_S: Final = 0.1
 _ACCEPT_PAUSE_MAX_S: Final = 2.0
 
+# At most this many refused would-be joiners are remembered (the oldest are forgotten first).
+_MAX_KNOCKS: Final = 4096
+
 LISTENER_TAG: Final = object()
 WAKEUP_TAG: Final = object()
 
@@ -65,6 +68,7 @@ class ServeLoop:
     _admission: Admission
     _members: frozenset[IPAddress] | None
     _authenticated_joiners: bool
+    _knocks: dict[IPAddress, float]
     _recheck: bool
     handshake_timeout: float
     _throttle: LogThrottle
@@ -165,28 +169,42 @@ class ServeLoop:
             )
             self._drop(conn)
 
-    def _verdict(self, ip: IPAddress | None) -> Verdict:
+    def _verdict(self, ip: IPAddress | None, local: IPAddress | None = None) -> Verdict:
+        if ip is not None and ip == local:
+            # A process of this host that reached one of its own addresses: as local as loopback.
+            return Verdict.ADMIT
         return self._admission.verdict(ip, self._members, self._authenticated_joiners)
+
+    def _note_knock(self, ip: IPAddress | None) -> None:
+        """Remember a peer refused only because the store is restricted to a round's members."""
+        if ip is None or self._members is None or self._admission.verdict(ip, None) is not Verdict.ADMIT:
+            return
+        self._knocks.pop(ip, None)
+        self._knocks[ip] = time.monotonic()
+        while len(self._knocks) > _MAX_KNOCKS:
+            del self._knocks[next(iter(self._knocks))]
 
     def _enforce_admission(self) -> None:
         """Close connections the current policy no longer admits."""
         for conn in list(self._conns):
-            verdict = self._verdict(conn.ip)
+            verdict = self._verdict(conn.ip, _local_ip(conn.sock))
             if verdict is Verdict.REFUSE or (verdict is Verdict.AUTHENTICATE and not conn.authenticated):
                 self._refused(conn.ip, conn.who, verdict)
                 self._drop(conn)
 
     def _refused(self, ip: IPAddress | None, who: str, verdict: Verdict) -> None:
-        why = (
-            "it has not proven the shared secret"
-            if verdict is Verdict.AUTHENTICATE
-            else (
-                "it is not a member of the current round"
-                if self._members is not None
-                else "it is outside join_networks"
-            )
-        )
-        self._throttle.log(logging.WARNING, (ip, "refused"), "store server refused %s: %s", who, why)
+        level = logging.WARNING
+        if verdict is Verdict.AUTHENTICATE:
+            why = "it has not proven the shared secret"
+        elif not self._admission.in_join_networks(ip):
+            why = "it is outside join_networks"
+        elif self._admission.secret is None:
+            # Maybe an agent joining a running job (see StoreServer.knocking): not trouble yet.
+            level = logging.INFO
+            why = "it is not a member of the current round (an agent may join when a new round opens)"
+        else:
+            why = "it is not a member of the current round"
+        self._throttle.log(level, (ip, "refused"), "store server refused %s: %s", who, why)
 
     def _dispatch(self, data: object, mask: int) -> None:
         if data is LISTENER_TAG:
@@ -232,9 +250,10 @@ class ServeLoop:
                 return
             self._accept_pause = ACCEPT_PAUSE_S
             ip = peer_ip(peer)
-            verdict = self._verdict(ip)
+            verdict = self._verdict(ip, _local_ip(sock))
             if verdict is Verdict.REFUSE:
-                self._refused(ip, format_address(str(peer[0]), int(peer[1])) if ip else str(peer), verdict)
+                self._note_knock(ip)
+                self._refused(ip, format_address(str(ip), int(peer[1])) if ip else str(peer), verdict)
                 with contextlib.suppress(OSError):
                     sock.close()
                 continue
@@ -352,3 +371,11 @@ class ServeLoop:
     def _written(self) -> None:
         if self._local_waiters:
             self._cond.notify_all()
+
+
+def _local_ip(sock: socket.socket) -> IPAddress | None:
+    """The address a connection reached on this host (``None`` when it cannot be read)."""
+    try:
+        return peer_ip(sock.getsockname())
+    except OSError:
+        return None

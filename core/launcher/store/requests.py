@@ -109,7 +109,8 @@ class Connection:
     def who(self) -> str:
         """The peer's address for log lines."""
         if isinstance(self.peer, tuple) and len(self.peer) >= 2:
-            return format_address(str(self.peer[0]), int(self.peer[1]))
+            # An IPv4 peer of a dual-stack listener is named as IPv4, not ::ffff:a.b.c.d.
+            return format_address(str(self.ip or self.peer[0]), int(self.peer[1]))
         return str(self.peer or "local socket")
 
 

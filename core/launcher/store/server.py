@@ -35,6 +35,7 @@ import logging
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypeVar
 
@@ -86,6 +87,8 @@ _BACKLOG: Final = 65535
 HANDSHAKE_TIMEOUT: Final = 30.0
 #: Seconds between two log lines about the same peer and the same kind of trouble.
 LOG_INTERVAL: Final = 60.0
+#: Seconds a refused would-be joiner counts in :meth:`StoreServer.knocking` (clients retry faster).
+KNOCK_WINDOW: Final = 10.0
 
 
 def _raise_nofile_limit() -> None:
@@ -148,6 +151,8 @@ class StoreServer(ServeLoop):
         self._admission = Admission()
         self._members: frozenset[IPAddress] | None = None
         self._authenticated_joiners = False
+        # Peers refused only because the round is closed (see knocking()) -> when last refused.
+        self._knocks: dict[IPAddress, float] = {}
         self._recheck = False  # admission changed: the serving thread re-examines connections
         #: Seconds a new connection has to validate (and authenticate) before it is closed.
         self.handshake_timeout = HANDSHAKE_TIMEOUT
@@ -262,20 +267,34 @@ class StoreServer(ServeLoop):
         """Once a round is closed: admit only ``addresses`` (the members' hosts) and loopback.
 
         Names are resolved now (:class:`ValueError` when one does not resolve). Connections
-        from any other address are refused at accept, and open ones are closed. With
-        ``authenticated_joiners``, a peer in the join ranges that proves the shared secret is
-        still admitted (an agent asking to join a running job); without a secret it changes
-        nothing. ``None`` lifts the restriction (a new round opens). Workers' torch clients
-        cannot authenticate: they are admitted by their host's address.
+        from any other address are refused at accept, and open ones are closed. A peer whose
+        address is the one it reached (a process of this host connecting to one of its own
+        addresses) counts as local, like loopback. With ``authenticated_joiners``, a peer in
+        the join ranges that proves the shared secret is still admitted (an agent asking to
+        join a running job); without a secret it changes nothing. ``None`` lifts the
+        restriction (a new round opens). Workers' torch clients cannot authenticate: they are
+        admitted by their host's address. Every call forgets :meth:`knocking`.
         """
         members = None if addresses is None else resolve_addresses(addresses)
         with self._lock:
             self._members = members
             self._authenticated_joiners = authenticated_joiners
+            self._knocks.clear()
             self._recheck = True
         self._poke()
         if members is not None:
             log.debug("store server admits only %s and loopback", ", ".join(sorted(map(str, members))))
+
+    def knocking(self, within: float = KNOCK_WINDOW) -> frozenset[IPAddress]:
+        """Addresses refused in the last ``within`` seconds only because the store is restricted
+        to a round's members: peers the site policy would admit to an open round (in the join
+        ranges, and no secret configured). An agent arriving while a job runs is one of them;
+        the rendezvous counts them as nodes waiting to join, when its round has room."""
+        now = time.monotonic()
+        with self._lock:
+            for ip in [ip for ip, at in self._knocks.items() if now - at > within]:
+                del self._knocks[ip]
+            return frozenset(self._knocks)
 
     def discard_keys(self, keep_prefixes: tuple[str, ...] = ()) -> int:
         """Delete every key except those under ``keep_prefixes`` (keys as clients name them).

@@ -77,6 +77,9 @@ def test_full_round_assigns_ranks_and_shares_a_store(
     assert {(i.master_addr, i.master_port, i.use_agent_store) for i in infos} == {
         ("127.0.0.1", infos[0].master_port, True)
     }
+    # That store admits only the round's participants (docs/etcd.md, "Who may use the stores").
+    rank0 = next(node for node, info in zip(nodes, infos, strict=True) if info.group_rank == 0)
+    assert {str(ip) for ip in rank0._workers._server.members} == {"127.0.0.1"}
     # The round's store is shared by the agents (rank assignment, exit barrier).
     stores = [i.store for i in infos]
     assert all(store is not None for store in stores)

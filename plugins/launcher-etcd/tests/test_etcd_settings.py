@@ -115,8 +115,12 @@ def test_credentials_from_conf_or_environment() -> None:
 def test_unknown_and_c10d_only_keys_are_refused_with_the_list() -> None:
     with pytest.raises(RendezvousConfigError, match="'lease_tll' is unknown.*lease_ttl"):
         rendezvous_config(node_params("h", "j", lease_tll="3"))
-    # c10d's store choice and host flag mean nothing over etcd.
+    # c10d's store choice and host flag mean nothing over etcd; nor does the admission to a store
+    # an agent serves (etcd's own authentication guards the rendezvous keys).
     assert "store_type" not in ALL_CONFIG_KEYS and "is_host" not in ALL_CONFIG_KEYS
+    assert "join_networks" not in ALL_CONFIG_KEYS and "secret_file" not in ALL_CONFIG_KEYS
+    with pytest.raises(RendezvousConfigError, match="'secret_file' is unknown"):
+        rendezvous_config(node_params("h", "j", secret_file="/etc/launcher/rdzv.secret"))
     assert {"join_timeout", "last_call_timeout", "heartbeat_timeout", "read_timeout", "etcd_prefix"} <= ALL_CONFIG_KEYS
 
 
