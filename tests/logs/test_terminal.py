@@ -1,7 +1,9 @@
 """Workers on a terminal (``--worker-tty``): what a person at the launcher's terminal sees.
 
 The launcher runs on a real pseudo-terminal opened here; the test reads its master side, as a
-terminal emulator would, with the arrival time of every read.
+terminal emulator would, with the arrival time of every read, and draws what it read on a
+:class:`~tests.logs.test_screen.VirtualTerminal`: the assertions are about the rows on that
+screen, as they are after every read and at the end.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import subprocess
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import launcher_env
 from tests.logs.conftest import LAUNCHER, launch, run_dir
+from tests.logs.test_screen import VirtualTerminal
 
 #: Column count of the test terminal: unusual, so that a size that merely looks right cannot pass.
 COLUMNS, ROWS = 97, 31
@@ -61,6 +65,24 @@ class Terminal:
                 break
             with self._lock:
                 self.chunks.append((time.time(), data))
+
+    def screen(self, check: Callable[[str], None] | None = None) -> list[str]:
+        """The rows of the terminal after everything shown so far, as a person sees them.
+
+        ``check`` is called on every row each time a read changed it: every state the screen
+        went through, whatever the pieces the launcher's output arrived in. Rows do not wrap, so
+        that a launcher message naming a long temporary path stays one row; whether worker rows
+        fit the terminal is for ``check`` to say.
+        """
+        with self._lock:
+            chunks = [chunk for _, chunk in self.chunks]
+        term = VirtualTerminal()
+        for chunk in chunks:
+            term.feed(chunk)
+            if check is not None:
+                for row in term.take_touched():
+                    check(row)
+        return term.lines
 
     @property
     def text(self) -> bytes:
@@ -178,8 +200,11 @@ def test_carriage_return_updates_show_at_once(terminal, write_script):
     term = terminal(["--standalone", "--nproc-per-node", "1", script])
     found = term.wait_for(rb"\rAAA frame 0 at ([0-9.]+)")
     latency = term.arrival(found.group(0)) - float(found.group(1))
-    print(f"first \\r update on the console {latency * 1000:.1f} ms after the worker wrote it")
-    assert latency < 1.0
+    shown = f"first \\r update on the console {latency * 1000:.1f} ms after the worker wrote it"
+    print(shown)
+    # The issue: "its first \r update shows within 1 s (goal 100 ms)". Typically a few ms; the
+    # bound is the requirement itself, not the goal, so that a loaded machine cannot fail it.
+    assert latency < 1.0, f"{shown}: must be < 1 s (goal 100 ms)"
     assert term.finish() == 0
     done = term.arrival(b"AAA done\n")
     frames = [float(t) for t in re.findall(rb"AAA frame \d at ([0-9.]+)", term.text)]
@@ -190,30 +215,50 @@ def test_carriage_return_updates_show_at_once(terminal, write_script):
     assert len(early) >= 2, term.text
 
 
-def _screen_lines(text: bytes) -> list[bytes]:
-    """What a terminal line holds between cursor returns: every run of text between \\r, \\n, ESC[K."""
-    return [part for part in re.split(rb"\r|\n|\x1b\[K", text) if part]
+def rank_rows(tags: dict[str, str]) -> Callable[[str], None]:
+    """A check for every row a person sees: one rank's text only, after that rank's prefix.
+
+    ``tags`` maps a rank ("0") to the text only that rank writes. A row may be blank, a launcher
+    message, or a prefix still being drawn; any other row starts with a rank's prefix, holds no
+    other prefix and no other rank's text, and fits the terminal (it would wrap otherwise).
+    """
+    prefixes = [f"[default{rank}]:" for rank in tags]
+
+    def check(row: str) -> None:
+        if not row or row.startswith("[launcher]") or any(prefix.startswith(row) for prefix in prefixes):
+            return
+        match = re.fullmatch(r"\[default(\d+)\]:(.*)", row)
+        assert match and match.group(1) in tags, f"a row without its rank's prefix at the start: {row!r}"
+        body = match.group(2)
+        assert "[default" not in body, f"two ranks on one row: {row!r}"
+        others = [tag for rank, tag in tags.items() if rank != match.group(1)]
+        assert not any(tag in body for tag in others), f"another rank's text on this rank's row: {row!r}"
+        assert len(row) <= COLUMNS, f"wider than the terminal's {COLUMNS} columns: {row!r}"
+
+    return check
+
+
+def worker_rows(rows: list[str], rank: int) -> list[str]:
+    """The rows of one rank, prefix removed."""
+    prefix = f"[default{rank}]:"
+    return [row[len(prefix) :] for row in rows if row.startswith(prefix)]
 
 
 def test_ranks_sharing_the_console_never_tear_each_others_lines(terminal, write_script):
     script = write_script("cr.py", CR_WRITER)
     term = terminal(["--standalone", "--nproc-per-node", "2", script])
     assert term.finish() == 0
-    text = term.text
-    for part in _screen_lines(text):
-        if part.startswith(b"[launcher]"):
-            continue
-        match = re.fullmatch(rb"\[default([01])\]:(.*)", part, re.DOTALL)
-        assert match, f"text without its rank's prefix at the start of the line: {part!r}"
-        tag, other = (b"AAA", b"BBB") if match.group(1) == b"0" else (b"BBB", b"AAA")
-        body = match.group(2)
-        assert b"[default" not in body, f"two ranks on one line: {part!r}"
-        assert other not in body, f"another rank's text on this rank's line: {part!r}"
-        assert body == b"" or body.startswith(tag), part
-    # Every whole line reaches the console once, intact, at the start of a line (or of one just erased).
-    for tag in (b"AAA", b"BBB"):
-        for body in (b"%s line 2" % tag, b"%s line 5" % tag, b"%s done" % tag):
-            assert len(re.findall(rb"(?m)(?:^|\x1b\[K)\[default[01]\]:%s\n" % body, text)) == 1, text
+    rows = term.screen(check=rank_rows({"0": "AAA", "1": "BBB"}))
+    # At the end every line is on the screen once, intact, with its prefix; of each rank's
+    # redrawn line its last frame, on a row of its own. (The order of a rank's stdout and stderr
+    # rows may vary: they are two streams.)
+    for rank, tag in enumerate(("AAA", "BBB")):
+        mine = worker_rows(rows, rank)
+        lines = sorted(row for row in mine if "frame" not in row)
+        assert lines == [f"{tag} done", f"{tag} line 2", f"{tag} line 5"], rows
+        frames = [row for row in mine if "frame" in row]
+        assert len(frames) == 1 and re.fullmatch(rf"{tag} frame 7 at [0-9.]+", frames[0]), rows
+    assert all(row.startswith(("[default0]:", "[default1]:", "[launcher]")) for row in rows), rows
 
 
 TQDM = """
@@ -237,13 +282,47 @@ def test_tqdm_draws_in_place(terminal, write_script, tmp_path):
     assert len(frames) >= 10, text
     # Redrawn over one line, with frames on the screen well before the bar ends.
     assert term.arrival(b"train:  20%") < done - 0.2
-    bar_lines = [line for line in text.split(b"\n") if b"train:" in line]
-    assert len(bar_lines) == 1, bar_lines
-    assert re.search(rb"(?m)^\[default0\]:epoch finished$", text)
+    # On the screen: the bar's last frame on one row, whole, and the line after it.
+    rows = term.screen(check=rank_rows({"0": "train"}))
+    bar_rows = [row for row in rows if "train:" in row]
+    assert len(bar_rows) == 1, rows
+    assert re.fullmatch(r"\[default0\]:train: 100%\|[^|]*\| 30/30 \[[^\]]*\]", bar_rows[0]), rows
+    assert "[default0]:epoch finished" in rows
     # The file has what tqdm wrote: its \r frames, and its \n not turned into \r\n.
     stderr_log = (run_dir(log_dir) / "attempt_0" / "0" / "stderr.log").read_bytes()
     assert stderr_log.count(b"\rtrain:") >= 10 and b"\r\n" not in stderr_log
     assert stderr_log.endswith(b"\n")
+
+
+TQDM_RANKS = """
+import os, time
+from tqdm import tqdm
+tag = "AB"[int(os.environ["LOCAL_RANK"])] * 3
+for _ in tqdm(range(30), mininterval=0, desc=tag):
+    time.sleep(0.04)
+print(f"{tag} epoch finished")
+"""
+
+
+def test_tqdm_bars_of_two_ranks_each_end_on_one_row(terminal, write_script):
+    pytest.importorskip("tqdm")
+    script = write_script("bars.py", TQDM_RANKS)
+    term = terminal(["--standalone", "--nproc-per-node", "2", script])
+    assert term.finish() == 0
+    # Whatever the moment, no row ever mixes the two bars or loses its prefix...
+    rows = term.screen(check=rank_rows({"0": "AAA", "1": "BBB"}))
+    # ...and at the end each rank's bar is on one row of its own, its last frame whole (no
+    # leftover of another frame or rank after it), followed by its line.
+    for rank, tag in enumerate(("AAA", "BBB")):
+        mine = worker_rows(rows, rank)
+        bars = [row for row in mine if row.startswith(f"{tag}:")]
+        assert len(bars) == 1, rows
+        assert re.fullmatch(rf"{tag}: 100%\|[^|]*\| 30/30 \[[^\]]*\]", bars[0]), rows
+        assert sorted(mine) == sorted([bars[0], f"{tag} epoch finished"]), rows
+        # tqdm drew to the width it was given (less one column, as tqdm does): the terminal's
+        # less the prefix, so the row fits without wrapping.
+        assert len(f"[default{rank}]:" + bars[0]) == COLUMNS - 1, rows
+    assert all(row.startswith(("[default0]:", "[default1]:", "[launcher]")) for row in rows), rows
 
 
 EXACT = r"""
@@ -358,18 +437,10 @@ def test_a_flood_of_lines_on_a_terminal_arrives_whole(terminal, write_script, tm
     log_dir = tmp_path / "logs"
     term = terminal(["--standalone", "--nproc-per-node", "2", "--tee", "3", "--log-dir", str(log_dir), script])
     assert term.finish() == 0
-    text = term.text
-    for part in _screen_lines(text):
-        if not part.startswith(b"[launcher]"):
-            match = re.fullmatch(rb"\[default([01])\]:(.*)", part, re.DOTALL)
-            assert match, f"torn: {part!r}"
-            own = b"rank %s " % match.group(1)
-            body = match.group(2)
-            # This rank's text only (an erased unfinished line may stop anywhere).
-            assert b"[default" not in body and body[:7] == own[: len(body[:7])], f"torn: {part!r}"
+    # Every state of the screen: one rank's text per row; at the end each line once, in order.
+    rows = term.screen(check=rank_rows({"0": "rank 0 ", "1": "rank 1 "}))
+    assert all(row.startswith(("[default0]:", "[default1]:", "[launcher]")) for row in rows), rows[:50]
     for rank in (0, 1):
-        shown = re.findall(rb"(?m)(?:^|\x1b\[K)\[default%d\]:rank %d line (\d+) the quick brown fox\n" % (rank, rank),
-                           text)
-        assert [int(i) for i in shown] == list(range(5000))
+        assert worker_rows(rows, rank) == [f"rank {rank} line {i} the quick brown fox" for i in range(5000)]
         stdout_log = (run_dir(log_dir) / "attempt_0" / str(rank) / "stdout.log").read_bytes()
         assert stdout_log == b"".join(b"rank %d line %d the quick brown fox\n" % (rank, i) for i in range(5000))

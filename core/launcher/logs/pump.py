@@ -24,7 +24,8 @@ Throughput: workers run ``python -u`` and write one line per system call. A read
 each of those spends a system call (and a context switch) per line, on the same cores as the
 workers. So pipes are enlarged (:data:`PIPE_SIZE`) and, after a round that read something, the
 pump sleeps :data:`COALESCE_S` to let output accumulate: each round then moves thousands of lines
-with a few system calls, and a line waits at most a couple of milliseconds.
+with a few system calls, and a line waits at most a couple of milliseconds. A pty is read on until
+it is empty instead, without the pause: it holds too little for one (see :meth:`OutputPump._run`).
 
 This module is the reading thread and the routing to destinations. Cutting chunks into whole
 lines is :mod:`launcher.logs.lines`, where a stream goes :mod:`launcher.logs.routes`, and the
@@ -181,7 +182,11 @@ class OutputPump:
                 self._flush_files()
                 self._last_flush = now
             if moved:
-                # A pty holds no more than 4 KiB for us: waiting for more would only slow it down.
+                # Not after a round that read a pty: a pty holds only about 20 KiB before its
+                # writer blocks (the pipes here 256 KiB), which a worker printing flat out fills
+                # in about a millisecond, so a pause would stall the workers rather than batch
+                # their lines. (Measured: pausing after pty rounds of 4 KiB or more slowed a
+                # 2 x 200,000-line flood on a terminal, 2.99 s against 2.43 s median.)
                 if not self._stopping and not from_terminal:
                     time.sleep(COALESCE_S)
             elif self._stopping and not events:
