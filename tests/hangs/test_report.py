@@ -12,6 +12,8 @@ from launcher.failures.report import FailureReport, WorkerFailure
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, group_by_stack, rank_ranges
 from launcher.hangs.stacks import parse_dump
 
+from tests.conftest import unwrapped
+
 
 def real_dump() -> str:
     """What faulthandler writes for a process with a main thread and a helper thread."""
@@ -77,6 +79,47 @@ def test_groups_put_hung_ranks_first_then_the_odd_ones_out():
     assert back.ranks[0].summary == "x" and back.ranks[0].stacks is None
 
 
+def test_in_a_collective_hang_the_odd_rank_out_is_named_first_whatever_its_age():
+    """Ranks waiting in a collective stop beating with the stuck rank: near-equal ages do not decide."""
+    reduce = "all_reduce (distributed_c10d.py:3252) <- wrapper (c10d_logger.py:83) <- step (train.py:9)"
+    waiting = [entry(r, reduce, hung=True, age=3.2) for r in (0, 1, 3)]
+    for waiter in waiting:
+        waiter.collective = True
+    stuck = entry(2, "slow_loader (train.py:7) <- step (train.py:8)", hung=True, age=3.0)
+    stuck.reason = "no heartbeat for 3.0 s (timeout 3 s)"
+    report = HangReport("n0", "rank 0 (local rank 0): no heartbeat for 3.2 s (timeout 3 s)",
+                        [NodeSummary("n0", 0, [*waiting, stuck])], tolerance=0.75)
+    assert [e.rank for e in report.hung_ranks] == [2, 0, 1, 3]
+    assert report.culprit_reason() == "rank 2 (local rank 2): no heartbeat for 3.0 s (timeout 3 s)"
+    assert report.to_dict()["hung_ranks"] == [2, 0, 1, 3]
+    assert report.render().splitlines()[4].startswith("  rank 2 on n0 (local rank 2")
+
+    # Not in torch.distributed either way: the smallest group of identical stacks comes first.
+    for waiter in waiting:
+        waiter.collective = False
+    assert report.hung_ranks[0].rank == 2
+    # A rank silent much longer than the others (beyond the tolerance) still comes first.
+    waiting[1].age = 30.0
+    assert [e.rank for e in report.hung_ranks] == [1, 0, 3, 2]
+    assert [[e.rank for e in members] for members, _ in group_by_stack(report.entries, report.hung_ranks)] == [
+        [0, 1, 3], [2]]
+
+
+def test_a_node_summary_says_which_ranks_are_in_a_collective():
+    import json
+
+    from launcher.hangs.stacks import Frame, RankStacks, ThreadStack, in_collective
+
+    inside = RankStacks(0, threads=[ThreadStack("0x1", [
+        Frame("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
+        Frame("/job/train.py", 9, "<module>")])])
+    outside = RankStacks(1, threads=[ThreadStack("0x2", [Frame("/job/train.py", 7, "slow_loader")])])
+    assert in_collective(inside) and not in_collective(outside) and not in_collective(None)
+    node = NodeSummary("n0", 0, [entry(0, "x")])
+    node.ranks[0].collective = True
+    assert NodeSummary.from_dict(json.loads(node.to_bytes())).ranks[0].collective
+
+
 def test_the_failure_report_carries_the_hang_in_text_and_json():
     hang = HangReport("n0", "rank 1 (local rank 1): no heartbeat for 4.0 s (timeout 3 s)",
                       [NodeSummary("n0", 0, [entry(0, "main (a.py:1)"), entry(1, "stuck (a.py:9)", hung=True)])])
@@ -86,6 +129,13 @@ def test_the_failure_report_carries_the_hang_in_text_and_json():
     report.hang = hang.to_dict()
     text = report.render()
     assert "hung ranks : 1" in text and "    rank 1: stuck (a.py:9)" in text and "    rank 0: main (a.py:1)" in text
+    # The hung rank was stopped because of the hang, not "after another worker failed".
+    assert "asked to stop by the launcher after the hang was detected" in unwrapped(text), text
+    assert "another worker failed" not in unwrapped(text), text
+    assert report.to_dict()["root_cause"]["explanation"].startswith("asked to stop by the launcher after the hang")
+    report.hang = None
+    assert "after another worker failed" in unwrapped(report.render())
+    report.hang = hang.to_dict()
     again = FailureReport.from_dict(report.to_dict())
     assert again.hang == report.hang and again.hang is not None and again.hang["hung_ranks"] == [1]
 

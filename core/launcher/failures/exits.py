@@ -51,6 +51,16 @@ _SIGNAL_EXPLANATIONS: dict[str, str] = {
     "SIGXFSZ": "file-size limit exceeded (ulimit -f)",
 }
 
+# For a worker the launcher stopped because a hang was detected (the report's hang section says
+# which rank hung and where every rank was), instead of SIGTERM's and SIGKILL's general words.
+_AFTER_HANG_EXPLANATIONS: dict[str, str] = {
+    "SIGTERM": "asked to stop by the launcher after the hang was detected (see the hang above)",
+    "SIGKILL": (
+        "killed by the launcher after the hang was detected: it had not stopped within --shutdown-timeout "
+        "of SIGTERM (see the hang above)"
+    ),
+}
+
 _OOM_EXPLANATION = (
     "killed by the kernel's out-of-memory killer (likely out of memory): the node or the job's "
     "memory cgroup ran out of memory; reduce memory use per worker (batch size, data-loader "
@@ -66,11 +76,16 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def explain_signal(signum: int, *, likely_oom: bool = False) -> str | None:
-    """One sentence on why a process dies of ``signum`` and what to do, or ``None`` if unknown."""
+def explain_signal(signum: int, *, likely_oom: bool = False, after_hang: bool = False) -> str | None:
+    """One sentence on why a process dies of ``signum`` and what to do, or ``None`` if unknown.
+
+    ``after_hang``: the launcher stopped the workers because it detected a hang.
+    """
     name = signal_name(signum)
     if likely_oom and name == "SIGKILL":
         return _OOM_EXPLANATION
+    if after_hang and name in _AFTER_HANG_EXPLANATIONS:
+        return _AFTER_HANG_EXPLANATIONS[name]
     return _SIGNAL_EXPLANATIONS.get(name)
 
 

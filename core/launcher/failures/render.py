@@ -34,7 +34,7 @@ def render_report(report: FailureReport) -> str:
     if report.hang:
         lines += _render_hang(report.hang) + [light]
     lines.append("Root cause (first failure):")
-    lines += _render_root(report.root_cause)
+    lines += _render_root(report.root_cause, after_hang=bool(report.hang))
     if report.others:
         lines += [light, f"Other failures ({len(report.others)}):"]
         lines += _render_table(report.others)
@@ -86,7 +86,7 @@ def _indented(text: str, prefix: str = "    ") -> list[str]:
     return [f"{prefix}{line}" if line else prefix.rstrip() for line in text.rstrip("\n").splitlines()]
 
 
-def _render_root(entry: ReportedFailure) -> list[str]:
+def _render_root(entry: ReportedFailure, *, after_hang: bool = False) -> list[str]:
     failure = entry.failure
     lines = [
         _field("time", format_time(entry.time)),
@@ -95,7 +95,7 @@ def _render_root(entry: ReportedFailure) -> list[str]:
         _field("pid", str(failure.pid)),
         _field("exit", entry.exit_description()),
     ]
-    explanation = entry.explanation()
+    explanation = entry.explanation(after_hang=after_hang)
     if explanation:
         lines.append(_field("why", explanation))
     if entry.oom_evidence:

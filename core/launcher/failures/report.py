@@ -239,14 +239,15 @@ class ReportedFailure:
             text += ", likely out of memory"
         return text
 
-    def explanation(self) -> str | None:
-        """Why the worker died, for deaths by signal (and shell-reported ones)."""
+    def explanation(self, *, after_hang: bool = False) -> str | None:
+        """Why the worker died, for deaths by signal (and shell-reported ones); ``after_hang``:
+        the launcher stopped the workers because of a hang."""
         signum = self.failure.signal
         if signum is None:
             signum = self.failure.shell_reported_signal
         if signum is None:
             return None
-        return explain_signal(signum, likely_oom=self.likely_oom)
+        return explain_signal(signum, likely_oom=self.likely_oom, after_hang=after_hang)
 
     def summary(self) -> str:
         """The failure in one line: the error message, else the last stderr line."""
@@ -260,7 +261,7 @@ class ReportedFailure:
             text = text[: _TABLE_MESSAGE_WIDTH - 3] + "..."
         return text
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, after_hang: bool = False) -> dict[str, Any]:
         data = self.failure.to_dict()
         data.update(
             {
@@ -268,7 +269,7 @@ class ReportedFailure:
                 "time": self.time,
                 "time_text": format_time(self.time),
                 "exit": self.exit_description(),
-                "explanation": self.explanation(),
+                "explanation": self.explanation(after_hang=after_hang),
                 "error": self.error.to_dict() if self.error else None,
                 "error_file_problem": self.error_file_problem,
                 "likely_oom": self.likely_oom,
@@ -378,8 +379,8 @@ class FailureReport:
             "schema_version": self.schema_version,
             "title": self.title,
             "created": self.created,
-            "root_cause": self.root_cause.to_dict(),
-            "other_failures": [entry.to_dict() for entry in self.others],
+            "root_cause": self.root_cause.to_dict(after_hang=bool(self.hang)),
+            "other_failures": [entry.to_dict(after_hang=bool(self.hang)) for entry in self.others],
             **({"hang": self.hang} if self.hang else {}),
             "node_ranks": [r.to_dict() for r in self.node_ranks],
             "this_node": self.this_node,

@@ -8,8 +8,14 @@ under a microsecond. The agent reads the same page. Outside launcher the first c
 file and every later call returns at once.
 
 Only the standard library is imported, so training code can call it without torch and
-without paying for launcher's agent. A process forked from a worker (a data-loader worker)
-stops beating: its progress is not the rank's.
+without paying for launcher's agent.
+
+Only the worker process itself beats: its pid is recorded in :data:`HEARTBEAT_PID_ENV` at its
+start-up (by launcher's ``sitecustomize``, or by the worker bootstrap of function and preloaded
+workers), and every other process (a data-loader worker forked before or after the first beat, a
+``multiprocessing`` spawn child, a subprocess) inherits that pid, finds it is not its own, and
+never opens the slot: its progress is not the rank's. A fork also drops the parent's open slot
+(an at-fork hook registered at import), so a forked child looks again on its first call.
 
 Slot layout (little-endian, :data:`SLOT_SIZE` bytes, shared with :mod:`launcher.hangs.watch`)::
 
@@ -32,6 +38,8 @@ from typing import Any
 HEARTBEAT_FILE_ENV = "LAUNCHER_HEARTBEAT_FILE"
 #: This worker's slot in it (its local rank; given separately because of --virtual-local-rank).
 HEARTBEAT_SLOT_ENV = "LAUNCHER_HEARTBEAT_SLOT"
+#: The pid of the one process allowed to beat for the slot (the worker, recorded at its start-up).
+HEARTBEAT_PID_ENV = "LAUNCHER_HEARTBEAT_PID"
 
 SLOT_SIZE = 64
 NAME_SIZE = 40
@@ -46,19 +54,38 @@ _state: Any = None
 _mapping: Any = None
 
 
-def _disable_in_child() -> None:
-    global _state
-    _state = ()
+def claim(*, force: bool = False) -> None:
+    """Record this process as the one that beats for the slot, unless one already is (or
+    ``force``: the caller knows this process is the worker).
+
+    Called at the worker's start-up, before any child can exist (launcher's ``sitecustomize``
+    does the same for script workers), and at import as a fallback for interpreters that skip
+    ``sitecustomize`` (``-I``, ``-E``, ``-S``). Children inherit the record and so never beat.
+    """
+    environ = os.environ
+    if environ.get(HEARTBEAT_FILE_ENV) and (force or not environ.get(HEARTBEAT_PID_ENV)):
+        environ[HEARTBEAT_PID_ENV] = str(os.getpid())
+
+
+def _forget_in_child() -> None:
+    # The child looks again on its first call (and finds that the slot is not its own).
+    global _state, _mapping
+    _state = None
+    _mapping = None
 
 
 def _open() -> Any:
-    """Map this worker's slot, once; ``()`` when not running under launcher's hang watch."""
+    """Map this worker's slot, once; ``()`` when not running under launcher's hang watch, or
+    when this process is not the worker (a child of it)."""
     global _state, _mapping
     path = os.environ.get(HEARTBEAT_FILE_ENV)
     slot = os.environ.get(HEARTBEAT_SLOT_ENV, "")
     _state = ()
     if not path or not slot.isdigit():
         return _state
+    claim()
+    if os.environ.get(HEARTBEAT_PID_ENV) != str(os.getpid()):
+        return _state  # a data-loader worker, a spawned child: not the rank's progress
     try:
         import mmap
 
@@ -74,8 +101,13 @@ def _open() -> Any:
     except (OSError, ValueError):
         return _state  # a heartbeat must never break training
     _state = (_mapping, offset)
-    os.register_at_fork(after_in_child=_disable_in_child)
     return _state
+
+
+# At import, not at the first beat: whenever a child is forked, it drops what its parent opened
+# and asks again (and, not being the recorded worker, gets nothing).
+os.register_at_fork(after_in_child=_forget_in_child)
+claim()
 
 
 def heartbeat() -> None:

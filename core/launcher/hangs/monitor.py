@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from launcher.hangs import cluster, stacks
-from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_SLOT_ENV
+from launcher.hangs import cluster, ondemand, stacks
+from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_PID_ENV, HEARTBEAT_SLOT_ENV
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
 from launcher.hangs.watch import HangWatch, HeartbeatTable
 from launcher.rendezvous.api import RendezvousError
@@ -45,11 +45,14 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("launcher.hangs")
 
 #: Sent to the agent, asks for every local rank's stacks now (the job goes on).
-DUMP_SIGNAL = signal.SIGUSR2
+DUMP_SIGNAL = ondemand.DUMP_SIGNAL
 #: Seconds between looks at another node's alarm in the store.
 ALARM_INTERVAL = 1.0
 #: Longest wait for every local worker's stack dump.
 DUMP_TIMEOUT = 3.0
+#: Seconds added to the check interval when telling ranks that stopped together (the time a
+#: check and a dump take on a busy node).
+DUMP_SLACK = 0.5
 #: Longest wait for the other nodes' summaries after a hang.
 COLLECT_TIMEOUT = 15.0
 
@@ -68,12 +71,19 @@ class HangMonitor:
 
     def __init__(self, timeout: float, *, node: str, run_id: str, output: bool = False,
                  log_dir: Callable[[], str | None] | None = None,
-                 emit: Callable[..., None] | None = None) -> None:
+                 emit: Callable[..., None] | None = None,
+                 keep_logs: Callable[[], None] | None = None) -> None:
+        """``log_dir`` gives the run's log directory (``None`` when it has none): the stacks files
+        go there, and ``keep_logs`` is called when one does (a temporary log directory is then not
+        removed when the job succeeds)."""
         self.timeout = timeout
         self.output = output
         self.node = node
         self.run_id = run_id
         self._log_dir = log_dir
+        self._keep_logs = keep_logs
+        self._dump_signal = False
+        self._agent_file: str | None = None
         self._emit = emit
         self.dir = _private_dir()
         self.check_interval = min(1.0, max(0.05, timeout / 4))
@@ -93,13 +103,14 @@ class HangMonitor:
 
     @classmethod
     def create(cls, config: LaunchConfig, node: str, *, log_dir: Callable[[], str | None] | None = None,
-               emit: Callable[..., None] | None = None) -> HangMonitor | None:
+               emit: Callable[..., None] | None = None,
+               keep_logs: Callable[[], None] | None = None) -> HangMonitor | None:
         """A monitor when ``config.hang_timeout`` is set, else ``None`` (the default: no watching)."""
         timeout = getattr(config, "hang_timeout", None)
         if not timeout:
             return None
         return cls(timeout, node=node, run_id=config.run_id, output=getattr(config, "hang_watch", "") == "output",
-                   log_dir=log_dir, emit=emit)
+                   log_dir=log_dir, emit=emit, keep_logs=keep_logs)
 
     # -- per attempt ---------------------------------------------------------------------------
 
@@ -114,10 +125,24 @@ class HangMonitor:
         for local_rank, env in envs.items():
             env[HEARTBEAT_FILE_ENV] = table.path
             env[HEARTBEAT_SLOT_ENV] = str(local_rank)
+            env.pop(HEARTBEAT_PID_ENV, None)  # recorded by the worker itself at its start-up
             stacks.arm_environment(env, self._stacks_path(local_rank))
         if self.output:
             for slot in slots:
                 slot.on_output = self._watch.output_seen(slot.local_rank)
+        self._write_agent_file()
+
+    def _write_agent_file(self) -> None:
+        """Tell ``launcher stacks`` where this agent is (once the run log directory exists)."""
+        if not self._dump_signal or self._agent_file is not None:
+            return
+        directory = self._log_dir() if self._log_dir is not None else None
+        if not directory:
+            return
+        try:
+            self._agent_file = ondemand.write_agent_file(directory, node=self.node, run_id=self.run_id)
+        except OSError as exc:
+            log.debug("cannot write %s in %s: %s", ondemand.AGENT_FILE, directory, exc)
 
     def _stacks_path(self, local_rank: int) -> str:
         return os.path.join(self.dir, f"stacks.{self._attempt}.{local_rank}")
@@ -145,6 +170,10 @@ class HangMonitor:
     def close(self) -> None:
         """Release everything (the stacks files named in reports are kept)."""
         self.detach()
+        if self._agent_file is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._agent_file)
+            self._agent_file = None
         if self._previous_handler is not None:
             with contextlib.suppress(OSError, ValueError, TypeError):
                 signal.signal(DUMP_SIGNAL, self._previous_handler)
@@ -167,6 +196,7 @@ class HangMonitor:
             self._previous_handler = signal.signal(DUMP_SIGNAL, on_dump_signal)
         except (OSError, ValueError):
             return False
+        self._dump_signal = True
         return True
 
     # -- watching ------------------------------------------------------------------------------
@@ -231,8 +261,6 @@ class HangMonitor:
         report = self._diagnose({"node": self.node_label, "reason": "stacks asked for with SIGUSR2"},
                                 local_only=True)
         self.report = None  # not a hang: the job goes on
-        report.is_hang = False
-        report.outcome = "nothing: the job goes on"
         _print(report)
         return report
 
@@ -267,7 +295,6 @@ class HangMonitor:
     def _diagnose(self, alarm: dict[str, Any], *, local_only: bool = False) -> HangReport:
         assert self._watch is not None and self._group is not None
         started = time.monotonic()
-        progress = {state.local_rank: state for state in self._watch.progress()}
         targets = []
         allowed: dict[int, set[int]] = {}
         for slot in self._group.slots:
@@ -275,6 +302,9 @@ class HangMonitor:
                 targets.append((slot.local_rank, slot.process.pid, self._stacks_path(slot.local_rank)))
                 allowed[slot.local_rank] = stacks.process_tree(slot.process.pid)
         dumps = stacks.collect(targets, allowed, timeout=DUMP_TIMEOUT)
+        # Read after the dump: a rank that stopped a moment after the one that crossed the
+        # timeout first (a few ms later, into the same collective) has crossed it too by now.
+        progress = {state.local_rank: state for state in self._watch.progress()}
         info = self._info
         summary = NodeSummary(self.node_label, info.group_rank if info else 0)
         for slot in self._group.slots:
@@ -293,6 +323,7 @@ class HangMonitor:
                 quiet=state.quiet if state else "",
                 reason=state.reason if state else "",
                 stacks=stacks.as_json(dump) if dump is not None else None,
+                collective=stacks.in_collective(dump),
             )
             summary.ranks.append(entry)
         summary.stacks_file = self._stacks_file_path("on_demand" if local_only else "hang")
@@ -314,7 +345,16 @@ class HangMonitor:
             reason=str(alarm.get("reason", "a rank stopped making progress")),
             nodes=nodes,
             missing=missing,
+            # Ranks that stopped together: detected within one check; other nodes dump later.
+            tolerance=self.check_interval + DUMP_SLACK + (ALARM_INTERVAL if self._multinode else 0.0),
         )
+        if local_only:  # on demand (written so in the stacks file too)
+            report.is_hang = False
+            report.outcome = "nothing: the job goes on"
+        else:
+            # Every node names the same rank: the likeliest culprit of the joined report, not the
+            # rank that happened to cross the timeout first (report.order_hung).
+            report.reason = report.culprit_reason() or report.reason
         if summary.stacks_file:
             try:
                 write_stacks_file(summary.stacks_file, report, summary)
@@ -326,12 +366,21 @@ class HangMonitor:
         return report
 
     def _stacks_file_path(self, kind: str = "hang") -> str | None:
+        # Next to the worker logs: the run's log directory, --log-dir or not.
         directory = self._log_dir() if self._log_dir is not None else None
-        if not directory:
+        if directory:
+            if callable(self._keep_logs):  # the report names the file: it outlives a job that then succeeds
+                try:
+                    self._keep_logs()
+                except Exception as exc:  # a LogsSpecs plugin's: the report comes first
+                    log.debug("cannot keep the log directory %s: %s", directory, exc)
+        else:
+            # No log directory at all (--log-dir /dev/null).
             if self._stacks_dir is None:
                 # Outlives the job on purpose: the report names it.
                 self._stacks_dir = tempfile.mkdtemp(prefix="launcher_hang_")
             directory = self._stacks_dir
+        directory = os.path.abspath(directory)  # the report names it: not relative to the agent's cwd
         if kind == "hang":
             return os.path.join(directory, f"hang_stacks_attempt_{self._attempt}.txt")
         self._dumps += 1

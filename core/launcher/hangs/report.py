@@ -43,12 +43,15 @@ class RankEntry:
     reason: str = ""
     #: Full stacks (:func:`launcher.hangs.stacks.as_json`); local only, never sent to the store.
     stacks: dict[str, Any] | None = None
+    #: Whether its main thread is inside ``torch.distributed`` (waiting in a collective, most likely).
+    collective: bool = False
 
     def to_dict(self, *, full: bool = True) -> dict[str, Any]:
         data = {
             "rank": self.rank, "local_rank": self.local_rank, "node": self.node, "pid": self.pid,
             "age": None if self.age is None else round(self.age, 3), "hung": self.hung,
             "summary": self.summary, "quiet": self.quiet or None, "reason": self.reason or None,
+            "collective": self.collective,
         }
         if full and self.stacks is not None:
             data["stacks"] = self.stacks
@@ -60,7 +63,7 @@ class RankEntry:
             rank=int(data["rank"]), local_rank=int(data["local_rank"]), node=str(data.get("node", "")),
             pid=data.get("pid"), age=data.get("age"), hung=bool(data.get("hung")),
             summary=str(data.get("summary", "")), quiet=data.get("quiet") or "",
-            reason=data.get("reason") or "", stacks=data.get("stacks"),
+            reason=data.get("reason") or "", stacks=data.get("stacks"), collective=bool(data.get("collective")),
         )
 
 
@@ -109,17 +112,53 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def group_by_stack(entries: Sequence[RankEntry]) -> list[tuple[list[RankEntry], str]]:
-    """Ranks with the same one-line stack together: groups with hung ranks first, then the
-    smallest groups (the odd ones out are the interesting ones), then by lowest rank."""
+def group_by_stack(entries: Sequence[RankEntry],
+                   culprits: Sequence[RankEntry] | None = None) -> list[tuple[list[RankEntry], str]]:
+    """Ranks with the same one-line stack together.
+
+    Groups with hung ranks first: in the order of ``culprits`` (the hung ranks, likeliest first,
+    see :func:`order_hung`) when given; then the smallest groups (the odd ones out are the
+    interesting ones), then by lowest rank.
+    """
     groups: dict[str, list[RankEntry]] = {}
     for entry in entries:
         groups.setdefault(entry.summary, []).append(entry)
+    if culprits is None:
+        culprits = order_hung(entries)
+    place = {id(entry): index for index, entry in enumerate(culprits)}
+    last = len(place)
     ordered = sorted(
         groups.items(),
-        key=lambda item: (not any(e.hung for e in item[1]), len(item[1]), min(e.rank for e in item[1])),
+        key=lambda item: (min(place.get(id(e), last) for e in item[1]), len(item[1]), min(e.rank for e in item[1])),
     )
     return [(members, summary) for summary, members in ordered]
+
+
+def order_hung(entries: Sequence[RankEntry], tolerance: float = 1.0) -> list[RankEntry]:
+    """The hung ranks of ``entries``, the likeliest culprit first.
+
+    In a real hang the stuck rank and every rank waiting for it in a collective stop beating at
+    about the same moment, so their ages alone cannot tell them apart. Among the hung ranks whose
+    age is within ``tolerance`` seconds of the oldest (a rank hung in a quiet section without any
+    heartbeat counts as the oldest), the odd ones out come first: ranks whose main thread is not
+    inside ``torch.distributed``, then those in the smallest group of identical stacks, then the
+    longest silent, then by rank. Ranks silent for clearly less time come after, the longest
+    silent first.
+    """
+    hung = [entry for entry in entries if entry.hung]
+    ages = [entry.age for entry in hung if entry.age is not None]
+    oldest = max(ages, default=0.0)
+    sizes: dict[str, int] = {}
+    for entry in entries:
+        sizes[entry.summary] = sizes.get(entry.summary, 0) + 1
+
+    def key(entry: RankEntry) -> tuple[bool, bool, int, float, int]:
+        age = entry.age if entry.age is not None else oldest
+        if age >= oldest - tolerance:
+            return False, entry.collective, sizes[entry.summary], -age, entry.rank
+        return True, False, 0, -age, entry.rank
+
+    return sorted(hung, key=key)
 
 
 @dataclass
@@ -135,6 +174,9 @@ class HangReport:
     outcome: str = ""
     #: ``False`` for a dump asked for while the job runs (SIGUSR2 to the agent).
     is_hang: bool = True
+    #: Hung ranks whose ages differ by less than this many seconds stopped together (see
+    #: :func:`order_hung`): about the agent's check interval, plus the spread of the nodes' dumps.
+    tolerance: float = 1.0
 
     @property
     def entries(self) -> list[RankEntry]:
@@ -142,8 +184,17 @@ class HangReport:
 
     @property
     def hung_ranks(self) -> list[RankEntry]:
-        """Hung ranks, the longest silent first."""
-        return sorted((e for e in self.entries if e.hung), key=lambda e: -(e.age or 0.0))
+        """Hung ranks, the likeliest culprit first (see :func:`order_hung`)."""
+        return order_hung(self.entries, self.tolerance)
+
+    def culprit_reason(self) -> str | None:
+        """``rank 2 (local rank 2): no heartbeat for 3.1 s (timeout 3 s)`` for the first hung rank,
+        for the headline; ``None`` when no rank is hung."""
+        hung = self.hung_ranks
+        if not hung:
+            return None
+        first = hung[0]
+        return f"rank {first.rank} (local rank {first.local_rank}): {first.reason or 'stopped making progress'}"
 
     def headline(self) -> str:
         if not self.is_hang:
@@ -161,7 +212,7 @@ class HangReport:
         else:
             lines.append("Hung ranks: none on the nodes that answered")
         lines.append("Where every rank is (main thread, innermost call first):")
-        for members, summary in group_by_stack(self.entries):
+        for members, summary in group_by_stack(self.entries, hung):
             ranks = [e.rank for e in members]
             label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
             lines.append(f"  {label}: {summary}")
@@ -186,7 +237,7 @@ class HangReport:
             "hung_ranks": [e.rank for e in self.hung_ranks],
             "groups": [
                 {"ranks": [e.rank for e in members], "stack": summary}
-                for members, summary in group_by_stack(self.entries)
+                for members, summary in group_by_stack(self.entries, self.hung_ranks)
             ],
             "nodes": [node.to_dict() for node in self.nodes],
             "missing_group_ranks": list(self.missing),

@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 from launcher.errors import UsageError
+from launcher.values import parse_seconds
 
 #: What counts as a sign of progress.
 WATCH_MODES = ("heartbeat", "output")
 
 
-def parse_hang_timeout(value: str | float | None) -> float | None:
-    """Seconds (ASCII digits, finite, > 0), or ``None`` when unset or empty (hang detection off)."""
-    if value is None:
+def parse_hang_timeout(value: Any, name: str = "--hang-timeout") -> float | None:
+    """Seconds, or ``None`` when unset or empty (hang detection off).
+
+    The command line's rules for every timeout (:func:`launcher.values.parse_seconds`): ASCII
+    decimal (``300``, ``2.5``, ``1e3``), finite, above 0 and at most a week. ``name`` is how the
+    user gave it (``--hang-timeout`` or ``PET_HANG_TIMEOUT``), for the message.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-        text = repr(value)
-    else:
-        text = str(value).strip()
-        if not text:
-            return None
-        # float() accepts non-ASCII digits, "inf", "nan" and "1_0": a timeout is plain ASCII.
-        if not text.isascii() or "_" in text:
-            raise UsageError(f"--hang-timeout {value!r} is invalid: use a number of seconds, e.g. 300")
-        try:
-            number = float(text)
-        except ValueError:
-            raise UsageError(f"--hang-timeout {value!r} is invalid: use a number of seconds, e.g. 300") from None
-    if not math.isfinite(number) or number <= 0:
-        raise UsageError(f"--hang-timeout {text} is invalid: use a positive, finite number of seconds, e.g. 300")
-    return number
+    return parse_seconds(value, name, zero=False)
 
 
 def parse_hang_watch(value: str | None) -> str:

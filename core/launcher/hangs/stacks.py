@@ -104,6 +104,9 @@ def arm_environment(env: MutableMapping[str, str], stacks_file: str) -> None:
 
 def arm_here(env: Mapping[str, str]) -> None:
     """Arm this process (a function worker, started by multiprocessing, has no start-up hook)."""
+    from launcher.hangs.heartbeat import claim
+
+    claim(force=True)  # this process is the worker: it beats for its rank, its children do not
     path = env.get(STACKS_FILE_ENV)
     if not path or os.environ.get(STACKS_ARMED_ENV):
         return
@@ -260,6 +263,14 @@ def stack_summary(stacks: RankStacks | None, depth: int = 4) -> str:
     if len(main.frames) > depth:
         shown += " <- ..."
     return shown
+
+
+def in_collective(stacks: RankStacks | None) -> bool:
+    """Whether the main thread is inside ``torch.distributed`` (a collective, a barrier, a store)."""
+    main = stacks.main if stacks is not None else None
+    if main is None:
+        return False
+    return any("/torch/distributed/" in frame.file.replace(os.sep, "/") for frame in main.frames)
 
 
 def format_threads(stacks: RankStacks) -> str:

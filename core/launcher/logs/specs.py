@@ -88,8 +88,9 @@ class DefaultLogsSpecs(LogsSpecs):
 
     Without ``log_dir``, a private temporary directory (``$TMPDIR/launcher_*``) holds the error
     files. It is removed when the job succeeds, unless some output went *only* to files there
-    (``--redirects`` without ``--tee``): that output exists nowhere else, so it is kept and its
-    location logged. A failed job keeps it too (error files, failure report).
+    (``--redirects`` without ``--tee``) or stacks were written there (:meth:`keep`): that exists
+    nowhere else, so it is kept and its location logged. A failed job keeps it too (error files,
+    failure report).
 
     ``log_dir`` equal to :data:`os.devnull` means no files at all: output goes to the console,
     as torchrun does, and workers get an empty ``TORCHELASTIC_ERROR_FILE``.
@@ -170,6 +171,11 @@ class DefaultLogsSpecs(LogsSpecs):
         dest.filtered_stdout = os.path.join(attempt_dir, "filtered_stdout.log")
         dest.filtered_stderr = os.path.join(attempt_dir, "filtered_stderr.log")
         return dest
+
+    def keep(self) -> None:
+        """Keep the temporary directory even if the job succeeds: it holds a file the user was
+        pointed to (a hang's or an on-demand dump's stacks, see :mod:`launcher.hangs.monitor`)."""
+        self._keep = True
 
     def finish(self, succeeded: bool) -> None:
         """Remove the temporary directory of a successful job (see the class docstring)."""

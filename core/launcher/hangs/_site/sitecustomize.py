@@ -3,12 +3,14 @@
 The agent puts this directory first on the worker's ``PYTHONPATH``; Python's ``site`` module
 imports it at start-up, before the training script. It:
 
-1. arms :func:`faulthandler.register` on the signal in ``LAUNCHER_STACKS_SIGNAL``, writing every
+1. records this process's pid in ``LAUNCHER_HEARTBEAT_PID``: only this process (the worker)
+   beats for its rank, never a child of it (``launcher.hangs.heartbeat``);
+2. arms :func:`faulthandler.register` on the signal in ``LAUNCHER_STACKS_SIGNAL``, writing every
    thread's Python stack to ``LAUNCHER_STACKS_FILE``, and records this process's pid in that file
    so the agent signals only a process that is ready (the signal's default action would kill it);
-2. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
+3. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
    would give it and its own children do not load it;
-3. runs the ``sitecustomize`` it shadows, if there is one.
+4. runs the ``sitecustomize`` it shadows, if there is one.
 
 Standard library only, and nothing newer than Python 3.8: the worker's interpreter may not be
 the agent's, and may not have launcher installed.
@@ -18,7 +20,14 @@ import os
 import sys
 
 
+def _claim_heartbeat():
+    # Same as launcher.hangs.heartbeat.claim(), which this file cannot import (see above).
+    if os.environ.get("LAUNCHER_HEARTBEAT_FILE") and not os.environ.get("LAUNCHER_HEARTBEAT_PID"):
+        os.environ["LAUNCHER_HEARTBEAT_PID"] = str(os.getpid())
+
+
 def _arm():
+    _claim_heartbeat()
     path = os.environ.get("LAUNCHER_STACKS_FILE")
     signum = os.environ.get("LAUNCHER_STACKS_SIGNAL", "")
     # One process per worker: descendants (data-loader workers, a wrapper's child) inherit the
