@@ -29,7 +29,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from launcher.errors import UsageError
 from launcher.values import quote
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.events.bus import EventBus
     from launcher.events.model import SinkContext
     from launcher.plugins.manager import LauncherPluginManager
-    from launcher.plugins.types import DeviceProvider, EventHandler, RendezvousBackend
+    from launcher.plugins.types import DeviceProvider, EventHandler, LogsSpecsLike, RendezvousBackend
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
 
 __all__ = [
@@ -145,7 +145,7 @@ class LaunchPlan:
     rendezvous: RendezvousPlan
     workers: WorkerPlan
     #: The LogsSpecs object that places each attempt's output (launcher's, or one for torchrun).
-    logs_specs: Any
+    logs_specs: LogsSpecsLike
     log_dir: str | None
     events: EventsPlan
     hangs: HangPlan | None

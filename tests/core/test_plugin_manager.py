@@ -125,10 +125,11 @@ def test_unknown_name_suggests_the_closest_and_names_known_distributions():
     plugin_manager = get_plugin_manager(autoload=False, environ={})
     with pytest.raises(PluginNotFoundError, match="did you mean static\\? choose one of c10d, static"):
         plugin_manager.get(RendezvousBackend, "statc")
-    with pytest.raises(PluginNotFoundError, match="launcher-etcd distribution: pip install launcher-etcd") as info:
+    with pytest.raises(PluginNotFoundError, match="launcher-etcd distribution, which is not on PyPI") as info:
         plugin_manager.get(RendezvousBackend, "etcd-v2")
-    assert "./plugins/launcher-etcd" in str(info.value)
-    with pytest.raises(PluginNotFoundError, match="pip install launcher-webhook"):
+    assert "pip install ./plugins/launcher-etcd from a launcher checkout" in str(info.value)
+    assert "pip install launcher" not in str(info.value)  # not published: no made-up package name
+    with pytest.raises(PluginNotFoundError, match="pip install ./plugins/launcher-webhook"):
         plugin_manager.get(EventHandler, "webhook")
 
 
@@ -271,6 +272,25 @@ def test_an_optional_unknown_hook_is_allowed(plugin_manager, register_plugin):
 
     register_plugin(Optional())
     assert "static" in plugin_manager.names(RendezvousBackend)
+
+
+def test_the_unknown_hook_is_named_not_an_optional_one_beside_it(plugin_manager):
+    class Mixed:
+        # Its name sorts first, and pluggy finds implementations in dir() order.
+        @hookimpl(optionalhook=True)
+        def launcher_future_hook(self):
+            return []
+
+        @hookimpl
+        def totally_unknown(self):
+            return []
+
+    plugin = Mixed()
+    with pytest.raises(InvalidPluginError) as info:
+        plugin_manager.register_plugin(plugin)
+    assert "unknown hook 'totally_unknown'" in str(info.value)
+    assert "launcher_future_hook" not in str(info.value)
+    assert not plugin_manager.is_registered(plugin)
 
 
 # -- hooks are called through pluggy ---------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launcher.agent.result import AgentResult
+from launcher.plugins.types import run_log_dir
 from launcher.rendezvous.api import FixedMembership, RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
 
@@ -228,6 +229,6 @@ class NodeReporter:
         logs_specs = self.plan.logs_specs
         with contextlib.suppress(Exception):
             # Ours names it run_log_dir; torch's DefaultLogsSpecs keeps it in _run_log_dir.
-            log_dir = getattr(logs_specs, "run_log_dir", None) or getattr(logs_specs, "_run_log_dir", None)
+            log_dir = run_log_dir(logs_specs) or getattr(logs_specs, "_run_log_dir", None)
             if log_dir:
                 report.write_json(os.path.join(log_dir, "failure_report.json"))

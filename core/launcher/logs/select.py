@@ -11,7 +11,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import UsageError
-from launcher.plugins.types import LogsSpecsProvider
+from launcher.plugins.types import LogsSpecsLike, LogsSpecsProvider
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.config import LaunchConfig
@@ -41,7 +41,7 @@ def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in kwargs.items() if key in params}
 
 
-def create_logs_specs(config: LaunchConfig, manager: LauncherPluginManager) -> Any:
+def create_logs_specs(config: LaunchConfig, manager: LauncherPluginManager) -> LogsSpecsLike:
     """The LogsSpecs instance for ``config``: given, named (``--logs-specs``), or the default.
 
     A class derived from torch's LogsSpecs receives torch's ``Std`` values for ``redirects`` and

@@ -93,6 +93,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 R = TypeVar("R", bound=Registration)
 
 
+#: Values of an on/off variable that mean off (anything else, such as 1/true/yes, means on).
+_OFF = ("", "0", "false", "no", "off")
+
 def builtin_plugin_name(module: str) -> str:
     """``builtin-logs-specs`` for ``launcher.plugins.builtin.logs_specs``."""
     return "builtin-" + module.rsplit(".", 1)[-1].replace("_", "-")
@@ -199,8 +202,16 @@ class LauncherPluginManager(pluggy.PluginManager):
 
         name = self.get_name(plugin) or repr(plugin)
         info = self._infos.get(name) or PluginInfo(name, None, None, "<direct>", name)
+        # An optionalhook implementation has no spec either, yet is allowed (pluggy's check_pending
+        # skips it), so it must not be named in place of the hook that is really unknown.
         unknown = next(
-            (caller.name for caller in self.get_hookcallers(plugin) or () if not caller.has_spec()), "?"
+            (
+                caller.name
+                for caller in self.get_hookcallers(plugin) or ()
+                if not caller.has_spec()
+                and any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls())
+            ),
+            "?",
         )
         hooks = sorted(_CLASS_OF_HOOK)
         # Compared without the prefix every hook shares, which would make any name look close.
@@ -392,8 +403,9 @@ class LauncherPluginManager(pluggy.PluginManager):
         distribution = KNOWN_DISTRIBUTIONS.get((cls, key))
         if distribution is not None:
             hint = (
-                f"; {key!r} is provided by the {distribution} distribution: pip install {distribution} "
-                f"(from a launcher checkout: pip install ./plugins/{distribution})"
+                # Not on PyPI (and PyPI's "launcher" is another project): name the checkout's directory.
+                f"; {key!r} is provided by the {distribution} distribution, which is not on PyPI: "
+                f"pip install ./plugins/{distribution} from a launcher checkout"
             )
         if self._failures:
             # One of them may be what the user meant: say so rather than only "unknown".
@@ -438,7 +450,7 @@ def get_plugin_manager(
         autoload=autoload,
         allow=allow,
         block=block,
-        show_tracebacks=env.get("LAUNCHER_PLUGIN_TRACEBACKS", "") not in ("", "0"),
+        show_tracebacks=env.get("LAUNCHER_PLUGIN_TRACEBACKS", "").strip().lower() not in _OFF,
     )
     if load_entrypoints:
         manager.load_plugins()

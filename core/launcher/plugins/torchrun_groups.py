@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from launcher.plugins import entrypoints
 from launcher.plugins.provenance import PluginInfo, Provided
-from launcher.plugins.types import LogsSpecsProvider, Registration, RendezvousBackend
+from launcher.plugins.types import LogsSpecsLike, LogsSpecsProvider, Registration, RendezvousBackend
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
@@ -38,10 +38,11 @@ class _TorchrunHandler:
 
 
 def _logs_specs(ep: entrypoints.FoundEntryPoint) -> Registration:
-    def load_class() -> type:
+    def load_class() -> type[LogsSpecsLike]:
         loaded = ep.load()
         if not isinstance(loaded, type):
             raise TypeError(f"torchrun.logs_specs entry point {ep.name!r} ({ep.value}) is not a class: {loaded!r}")
+        # Only that it is a class can be checked without building it; its members fail where used.
         return loaded
 
     return LogsSpecsProvider(name=ep.name, load_class=load_class, description=f"torchrun LogsSpecs {ep.value}")

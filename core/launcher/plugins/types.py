@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.clusters.api import ClusterInfo
@@ -104,6 +104,80 @@ class RendezvousBackend(Registration):
             )
 
 
+class LogsDestinations(Protocol):
+    """What the agent reads of the ``LogsDest`` a LogsSpecs' ``reify`` returns.
+
+    Launcher's :class:`~launcher.logs.specs.LogsDest` and torch's ``LogsDest`` both have it. Each
+    mapping is keyed by local rank; see :mod:`launcher.logs.specs` for what the values mean.
+    """
+
+    @property
+    def stdouts(self) -> Mapping[int, str]: ...
+    @property
+    def stderrs(self) -> Mapping[int, str]: ...
+    @property
+    def tee_stdouts(self) -> Mapping[int, str]: ...
+    @property
+    def tee_stderrs(self) -> Mapping[int, str]: ...
+    @property
+    def error_files(self) -> Mapping[int, str]: ...
+    @property
+    def filtered_stdout(self) -> str: ...
+    @property
+    def filtered_stderr(self) -> str: ...
+
+
+class LogsSpecsLike(Protocol):
+    """What launcher uses of a LogsSpecs: torch's ``LogsSpecs`` API, which launcher's own follows.
+
+    A LogsSpecs may also have the optional members of :class:`FinishingLogsSpecs` and
+    :class:`RunLogDirLogsSpecs`; the agent reaches them only through :func:`finish_logs` and
+    :func:`run_log_dir`.
+    """
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDestinations:
+        """Destinations for one attempt; may set ``TORCHELASTIC_ERROR_FILE`` in ``envs``."""
+        ...
+
+    @property
+    def root_log_dir(self) -> str:
+        """The base directory of this job's logs."""
+        ...
+
+
+# The optional members are protocols of their own, not part of LogsSpecsLike: before Python 3.12 a
+# runtime check of LogsSpecsLike would read root_log_dir, which creates the default one's temporary
+# directory.
+@runtime_checkable
+class FinishingLogsSpecs(Protocol):
+    """A LogsSpecs told when the job ends (launcher extension; torch's LogsSpecs lack it)."""
+
+    def finish(self, succeeded: bool) -> None:
+        """Called once when the job ends."""
+        ...
+
+
+@runtime_checkable
+class RunLogDirLogsSpecs(Protocol):
+    """A LogsSpecs that names this job's own directory (launcher extension)."""
+
+    @property
+    def run_log_dir(self) -> str | None:
+        """This job's directory, once the first attempt created it."""
+        ...
+
+
+def finish_logs(specs: LogsSpecsLike, succeeded: bool) -> None:
+    """Tell ``specs`` that the job ended, if it has :meth:`FinishingLogsSpecs.finish`."""
+    if isinstance(specs, FinishingLogsSpecs):
+        specs.finish(succeeded)
+
+
+def run_log_dir(specs: LogsSpecsLike) -> str | None:
+    """``specs``' :attr:`RunLogDirLogsSpecs.run_log_dir`; ``None`` for a LogsSpecs without one."""
+    return specs.run_log_dir if isinstance(specs, RunLogDirLogsSpecs) else None
+
+
 @dataclass(frozen=True)
 class LogsSpecsProvider(Registration):
     """A LogsSpecs: where worker output goes (``--logs-specs NAME``).
@@ -117,7 +191,7 @@ class LogsSpecsProvider(Registration):
     kind: ClassVar[str] = "logs specs"
     hook: ClassVar[str] = "launcher_logs_specs"
 
-    load_class: Callable[[], type] = field(kw_only=True)
+    load_class: Callable[[], type[LogsSpecsLike]] = field(kw_only=True)
 
 
 @dataclass(frozen=True)

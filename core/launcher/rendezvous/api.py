@@ -8,10 +8,12 @@ each start of its workers, polls :meth:`~RendezvousHandler.num_nodes_waiting` an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from launcher.errors import LaunchError, UsageError
+from launcher.values import quote, read_float, read_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.store.api import KeyValueStore
@@ -32,6 +34,8 @@ class RendezvousTimeoutError(RendezvousError):
 class RendezvousConfigError(UsageError):
     """Invalid ``--rdzv-*`` settings."""
 
+
+_N = TypeVar("_N", int, float)
 
 _TRUE = {"1", "true", "yes", "on", "t", "y"}
 _FALSE = {"0", "false", "no", "off", "f", "n"}
@@ -54,26 +58,19 @@ class RendezvousParameters:
 
     def get_as_int(self, key: str, default: int) -> int:
         """``key`` as an ASCII decimal integer; ``default`` when absent or empty."""
-        value = self.config.get(key)
-        if value is None or value == "":
-            return default
-        from launcher.values import quote, read_int
-
-        number = read_int(value)
-        if number is None:
-            raise RendezvousConfigError(f"--rdzv-conf {key}={quote(value)} must be an integer")
-        return number
+        return self._number(key, default, read_int, "an integer")
 
     def get_as_float(self, key: str, default: float) -> float:
         """``key`` as a finite number (ASCII); ``default`` when absent or empty."""
+        return self._number(key, default, read_float, "a finite number")
+
+    def _number(self, key: str, default: _N, read: Callable[[str], _N | None], what: str) -> _N:
         value = self.config.get(key)
         if value is None or value == "":
             return default
-        from launcher.values import quote, read_float
-
-        number = read_float(value)
+        number = read(value)
         if number is None:
-            raise RendezvousConfigError(f"--rdzv-conf {key}={quote(value)} must be a finite number")
+            raise RendezvousConfigError(f"--rdzv-conf {key}={quote(value)} must be {what}")
         return number
 
     def get_as_bool(self, key: str, default: bool | None = None) -> bool | None:

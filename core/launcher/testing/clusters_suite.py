@@ -57,9 +57,7 @@ class ClusterEnvironmentConformance(PluginModuleConformance):
     @pytest.fixture
     def cluster_environment(self, plugin_manager: LauncherPluginManager) -> ClusterEnvironment:
         """The registration under test (default: ``cluster_environment_name`` on the plugin manager)."""
-        registration = self.lookup_registration(plugin_manager, self.cluster_environment_name)
-        assert isinstance(registration, ClusterEnvironment)
-        return registration
+        return self.registration_under_test(plugin_manager, self.cluster_environment_name, ClusterEnvironment)
 
     def _jobs(self) -> Sequence[Sequence[Mapping[str, str]]]:
         if not self.jobs:

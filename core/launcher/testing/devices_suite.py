@@ -18,26 +18,14 @@ import pytest
 
 from launcher.devices import DeviceUnavailableError, resolve_nproc_per_node
 from launcher.errors import UsageError
-from launcher.plugins import hookimpl
-from launcher.plugins.manager import LauncherPluginManager, get_plugin_manager
+from launcher.plugins.manager import LauncherPluginManager
 from launcher.plugins.types import DeviceProvider, Registration
-from launcher.testing.plugin_suite import PluginModuleConformance
+from launcher.testing.plugin_suite import PluginModuleConformance, manager_holding
 
 __all__ = ["DeviceProviderConformance"]
 
 _BUS_ID = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class _Only:
-    """A plugin yielding one given registration (to resolve it on a manager of its own)."""
-
-    def __init__(self, registration: DeviceProvider) -> None:
-        self.registration = registration
-
-    @hookimpl
-    def launcher_device_providers(self) -> list[DeviceProvider]:
-        return [self.registration]
 
 
 def _manager_with(registration: DeviceProvider, manager: LauncherPluginManager) -> LauncherPluginManager:
@@ -47,9 +35,7 @@ def _manager_with(registration: DeviceProvider, manager: LauncherPluginManager) 
             return manager
     except UsageError:
         pass
-    own = get_plugin_manager(load_entrypoints=False)
-    own.register_plugin(_Only(registration))
-    return own
+    return manager_holding(registration)
 
 
 class DeviceProviderConformance(PluginModuleConformance):
@@ -71,9 +57,7 @@ class DeviceProviderConformance(PluginModuleConformance):
     @pytest.fixture
     def device_provider(self, plugin_manager: LauncherPluginManager) -> DeviceProvider:
         """The registration under test (default: ``device_provider_name`` on the plugin manager)."""
-        registration = self.lookup_registration(plugin_manager, self.device_provider_name)
-        assert isinstance(registration, DeviceProvider)
-        return registration
+        return self.registration_under_test(plugin_manager, self.device_provider_name, DeviceProvider)
 
     def _count(self, provider: DeviceProvider) -> int | None:
         """The count, or None when the provider says its kind cannot exist here."""

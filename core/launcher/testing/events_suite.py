@@ -30,10 +30,9 @@ from launcher.events.model import (
     EventSink,
     SinkContext,
 )
-from launcher.plugins import hookimpl
-from launcher.plugins.manager import LauncherPluginManager, get_plugin_manager
+from launcher.plugins.manager import LauncherPluginManager
 from launcher.plugins.types import EventHandler, Registration
-from launcher.testing.plugin_suite import PluginModuleConformance
+from launcher.testing.plugin_suite import PluginModuleConformance, manager_holding
 
 __all__ = ["EventHandlerConformance", "sample_events"]
 
@@ -82,17 +81,6 @@ def sample_events(run_id: str = "conformance", node: str = "host-a", role: str =
     return events
 
 
-class _Only:
-    """A plugin yielding one given registration."""
-
-    def __init__(self, registration: EventHandler) -> None:
-        self.registration = registration
-
-    @hookimpl
-    def launcher_event_handlers(self) -> list[EventHandler]:
-        return [self.registration]
-
-
 class EventHandlerConformance(PluginModuleConformance):
     """Tests an event handler's sink, alone and through the agent's event bus.
 
@@ -113,9 +101,7 @@ class EventHandlerConformance(PluginModuleConformance):
     @pytest.fixture
     def event_handler(self, plugin_manager: LauncherPluginManager) -> EventHandler:
         """The registration under test (default: ``event_handler_name`` on the plugin manager)."""
-        registration = self.lookup_registration(plugin_manager, self.event_handler_name)
-        assert isinstance(registration, EventHandler)
-        return registration
+        return self.registration_under_test(plugin_manager, self.event_handler_name, EventHandler)
 
     @pytest.fixture
     def sink_environ(self) -> Mapping[str, str]:
@@ -147,8 +133,7 @@ class EventHandlerConformance(PluginModuleConformance):
     def test_delivers_through_the_event_bus(self, event_handler: EventHandler, sink_environ: Mapping[str, str]) -> None:
         from launcher.events.bus import create_event_bus
 
-        manager = get_plugin_manager(load_entrypoints=False)
-        manager.register_plugin(_Only(event_handler))
+        manager = manager_holding(event_handler)
         bus = create_event_bus([event_handler.name], manager, self.context(sink_environ))
         events = sample_events()
         for event in events:

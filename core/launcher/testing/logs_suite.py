@@ -17,10 +17,9 @@ from typing import Any, ClassVar
 import pytest
 
 from launcher.config import STD_ALL, STD_ERR, STD_NONE, STD_OUT, StdSpec
-from launcher.plugins import hookimpl
-from launcher.plugins.manager import LauncherPluginManager, get_plugin_manager
-from launcher.plugins.types import LogsSpecsProvider, Registration
-from launcher.testing.plugin_suite import PluginModuleConformance
+from launcher.plugins.manager import LauncherPluginManager
+from launcher.plugins.types import LogsSpecsLike, LogsSpecsProvider, Registration, finish_logs
+from launcher.testing.plugin_suite import PluginModuleConformance, manager_holding
 
 __all__ = ["LogsSpecsConformance", "worker_envs"]
 
@@ -60,17 +59,6 @@ def worker_envs(
     }
 
 
-class _Only:
-    """A plugin yielding one given registration."""
-
-    def __init__(self, registration: LogsSpecsProvider) -> None:
-        self.registration = registration
-
-    @hookimpl
-    def launcher_logs_specs(self) -> list[LogsSpecsProvider]:
-        return [self.registration]
-
-
 class LogsSpecsConformance(PluginModuleConformance):
     """Tests a LogsSpecs the way the agent uses it.
 
@@ -98,9 +86,7 @@ class LogsSpecsConformance(PluginModuleConformance):
     @pytest.fixture
     def logs_specs_provider(self, plugin_manager: LauncherPluginManager) -> LogsSpecsProvider:
         """The registration under test (default: ``logs_specs_name`` on the plugin manager)."""
-        registration = self.lookup_registration(plugin_manager, self.logs_specs_name)
-        assert isinstance(registration, LogsSpecsProvider)
-        return registration
+        return self.registration_under_test(plugin_manager, self.logs_specs_name, LogsSpecsProvider)
 
     def build(
         self,
@@ -109,12 +95,11 @@ class LogsSpecsConformance(PluginModuleConformance):
         redirects: StdSpec = STD_NONE,
         tee: StdSpec = STD_NONE,
         local_ranks_filter: set[int] | None = None,
-    ) -> Any:
+    ) -> LogsSpecsLike:
         """The LogsSpecs instance, built by the core's own code for ``--logs-specs``."""
         from launcher.logs.select import create_logs_specs
 
-        manager = get_plugin_manager(load_entrypoints=False)
-        manager.register_plugin(_Only(provider))
+        manager = manager_holding(provider)
         config = SimpleNamespace(
             logs_specs=provider.name,
             log_dir=log_dir,
@@ -168,14 +153,14 @@ class LogsSpecsConformance(PluginModuleConformance):
             envs = worker_envs(self.nproc)
             self.check_dest(specs.reify(envs), envs, where)
             assert isinstance(specs.root_log_dir, str)
-            self._finish(specs, True)
+            finish_logs(specs, True)
 
     def test_every_attempt(self, logs_specs_provider: LogsSpecsProvider, tmp_path: Path) -> None:
         specs = self.build(logs_specs_provider, str(tmp_path / "logs"), STD_ALL, STD_ERR)
         for attempt in range(3):
             envs = worker_envs(self.nproc, restart_count=attempt)
             self.check_dest(specs.reify(envs), envs, f"attempt {attempt}")
-        self._finish(specs, False)
+        finish_logs(specs, False)
 
     def test_without_log_dir(self, logs_specs_provider: LogsSpecsProvider) -> None:
         # The agent builds it with log_dir=None when --log-dir is not given. A LogsSpecs that
@@ -189,16 +174,10 @@ class LogsSpecsConformance(PluginModuleConformance):
             return
         envs = worker_envs(1)
         self.check_dest(specs.reify(envs), envs, "log_dir=None")
-        self._finish(specs, True)
+        finish_logs(specs, True)
 
     def test_local_ranks_filter(self, logs_specs_provider: LogsSpecsProvider, tmp_path: Path) -> None:
         specs = self.build(logs_specs_provider, str(tmp_path / "logs"), STD_NONE, STD_ALL, {0})
         envs = worker_envs(self.nproc)
         self.check_dest(specs.reify(envs), envs, "local_ranks_filter={0}")
-        self._finish(specs, True)
-
-    @staticmethod
-    def _finish(specs: Any, succeeded: bool) -> None:
-        finish = getattr(specs, "finish", None)
-        if finish is not None:
-            finish(succeeded)
+        finish_logs(specs, True)

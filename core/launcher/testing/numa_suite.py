@@ -55,9 +55,7 @@ class NumaStrategyConformance(PluginModuleConformance):
     @pytest.fixture
     def numa_strategy(self, plugin_manager: LauncherPluginManager) -> NumaStrategy:
         """The registration under test (default: ``numa_strategy_name`` on the plugin manager)."""
-        registration = self.lookup_registration(plugin_manager, self.numa_strategy_name)
-        assert isinstance(registration, NumaStrategy)
-        return registration
+        return self.registration_under_test(plugin_manager, self.numa_strategy_name, NumaStrategy)
 
     def _hosts(self) -> Sequence[FakeTopology]:
         return self.topologies if self.topologies is not None else standard_topologies()

@@ -1,5 +1,9 @@
 """What every conformance suite shares: finding the registration under test, and the import check.
 
+:meth:`PluginModuleConformance.registration_under_test` is what each suite's registration fixture
+returns; :func:`manager_holding` gives a suite a plugin manager that resolves only the
+registration under test, for tests that go through the core's own lookup.
+
 Listing plugins (``launcher plugins``, ``--help``, every launch) imports every plugin module and
 calls its hooks, so a plugin module must import quickly and leave heavy libraries (torch, a
 cloud SDK) to the factories its registrations carry. :class:`PluginModuleConformance` checks
@@ -14,14 +18,17 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
-from launcher.plugins.manager import ENTRY_POINT_GROUP, LauncherPluginManager
+from launcher.plugins import hookimpl
+from launcher.plugins.manager import ENTRY_POINT_GROUP, LauncherPluginManager, get_plugin_manager
 from launcher.plugins.types import Registration
 
-__all__ = ["PluginModuleConformance"]
+__all__ = ["PluginModuleConformance", "manager_holding"]
+
+R = TypeVar("R", bound=Registration)
 
 _PROBE = textwrap.dedent(
     """
@@ -38,6 +45,33 @@ _PROBE = textwrap.dedent(
     print(json.dumps({"elapsed": elapsed, "names": names, "loaded": loaded}))
     """
 )
+
+
+class _OnlyPlugin:
+    """A plugin whose hook for one registration's kind yields that registration alone."""
+
+    def __init__(self, registration: Registration) -> None:
+        self.registration = registration
+
+        def provide() -> list[Registration]:
+            return [registration]
+
+        # The hook's name depends on the kind, so the implementation is set on the instance.
+        setattr(self, registration.hook, hookimpl(provide))
+
+    def __repr__(self) -> str:
+        return f"<plugin yielding {self.registration.kind} {self.registration.name!r}>"
+
+
+def manager_holding(registration: Registration) -> LauncherPluginManager:
+    """A plugin manager of its own that knows ``registration`` and nothing else.
+
+    A suite resolves the registration under test through it with the core's own code (the
+    agent's lookups), whatever else is installed where the tests run.
+    """
+    manager = get_plugin_manager(load_entrypoints=False)
+    manager.register_plugin(_OnlyPlugin(registration))
+    return manager
 
 
 class PluginModuleConformance:
@@ -81,6 +115,15 @@ class PluginModuleConformance:
                 f"attribute) or override the {self.registration_fixture!r} fixture"
             )
         return manager.get(self.registration_type, name)
+
+    def registration_under_test(self, manager: LauncherPluginManager, name: str | None, kind: type[R]) -> R:
+        """:meth:`lookup_registration`, typed: what a suite's registration fixture returns.
+
+        ``kind`` is the suite's :attr:`registration_type`, passed again so that the result is typed.
+        """
+        registration = self.lookup_registration(manager, name)
+        assert isinstance(registration, kind)
+        return registration
 
     def _module_of(self, manager: LauncherPluginManager, registration: Registration) -> str:
         if self.plugin_module:

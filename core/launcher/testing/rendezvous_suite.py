@@ -102,9 +102,7 @@ class RendezvousBackendConformance(PluginModuleConformance):
     @pytest.fixture
     def rendezvous_backend(self, plugin_manager: LauncherPluginManager) -> RendezvousBackend:
         """The registration under test (default: ``backend_name`` on the plugin manager)."""
-        registration = self.lookup_registration(plugin_manager, self.backend_name)
-        assert isinstance(registration, RendezvousBackend)
-        return registration
+        return self.registration_under_test(plugin_manager, self.backend_name, RendezvousBackend)
 
     @pytest.fixture
     def rendezvous_endpoint(self) -> str:
