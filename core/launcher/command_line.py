@@ -30,7 +30,7 @@ from launcher.config import (
 )
 from launcher.errors import UsageError
 from launcher.rendezvous.endpoint import check_host, format_endpoint
-from launcher.values import MAX_NPROC, MAX_RESTARTS, parse_int, parse_seconds, quote, read_float
+from launcher.values import MAX_NPROC, MAX_RESTARTS, parse_int, parse_seconds, quote
 
 if TYPE_CHECKING:  # pragma: no cover
     import argparse
@@ -71,11 +71,10 @@ class CommandLine:
 def resolve_nproc(value: str, manager: LauncherPluginManager,
                   name: str = "--nproc-per-node") -> tuple[int, DeviceProvider | None]:
     """An integer from 1 to :data:`~launcher.values.MAX_NPROC`, or a device kind counted by its provider."""
-    text = value.strip()
-    # Anything number-like ("1e3", "-2", "٣", "²", "") is read as a count, never as a device kind;
-    # a name with digits in it ("gaudi2") is still a device kind.
-    if not text or read_float(text) is not None or all(ch.isnumeric() or ch in "+-." for ch in text):
-        return parse_int(text, name, 1, MAX_NPROC), None  # the common case loads no provider
+    # A device kind's name starts with a letter ("cuda", "gaudi2"); anything else ("1e3", "-2",
+    # "٣", "²", "1_0", "+2", " 2", "") is a count, read as plain ASCII decimal like every number.
+    if not value[:1].isalpha():
+        return parse_int(value, name, 1, MAX_NPROC), None  # the common case loads no provider
     from launcher.devices import resolve_nproc_per_node
 
     count, provider = resolve_nproc_per_node(value, manager)
@@ -135,6 +134,7 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
     by :func:`launcher.plan.build_plan`.
     """
     from launcher.agent.preload import preload_for_command
+    from launcher.hangs.settings import parse_hang_timeout
     from launcher.options import source_name
 
     def name(dest: str) -> str:
@@ -146,6 +146,11 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
     nproc, provider = resolve_nproc(args.nproc_per_node, manager, name("nproc_per_node"))
 
     rdzv_conf = parse_rdzv_conf(args.rdzv_conf)
+    if args.standalone and max_nodes > 1:
+        raise UsageError(
+            f"{name('nnodes')} {quote(args.nnodes)} with --standalone: a standalone job is one node; drop "
+            "--standalone and give --rdzv-backend c10d --rdzv-endpoint HOST:PORT for several nodes"
+        )
     if args.standalone:
         backend, endpoint, run_id = "c10d", "localhost:0", new_run_id()
     else:
@@ -191,9 +196,9 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         duplicate_stdout_filters=parse_filters(args.duplicate_stdout_filters),
         duplicate_stderr_filters=parse_filters(args.duplicate_stderr_filters),
         logs_specs=args.logs_specs,
-        event_log_handlers=[n.strip() for n in args.event_log_handler.split(",") if n.strip()] or ["null"],
+        event_log_handlers=_names(args.event_log_handler, name("event_log_handler"), "event handler", "null,console"),
         local_addr=args.local_addr,
-        signals_to_handle=[s for s in args.signals_to_handle.split(",") if s.strip()],
+        signals_to_handle=args.signals_to_handle.split(","),  # empty items refused by the config
         shutdown_timeout=parse_seconds(shutdown_timeout, shutdown_name),
         exit_barrier_timeout=parse_seconds(args.exit_barrier_timeout, name("exit_barrier_timeout")),
         virtual_local_rank=bool(args.virtual_local_rank),
@@ -201,11 +206,20 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         numa_fallback=args.numa_fallback,
         log_line_prefix_template=env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
         worker_tty=args.worker_tty.strip().lower(),
-        hang_timeout=args.hang_timeout,
+        hang_timeout=parse_hang_timeout(args.hang_timeout, name("hang_timeout")),
         hang_watch=args.hang_watch,
         preload=preload_for_command(args.preload, no_python=bool(args.no_python), name=name("preload")),
     )
     return CommandLine(config=config, command=command, run_path=run_path, device_provider=provider)
+
+
+def _names(value: str, flag: str, kind: str, example: str) -> list[str]:
+    """A comma list of plugin names; an empty list or an empty item is refused, not skipped."""
+    names = [item.strip() for item in value.split(",")]
+    if not all(names):
+        what = "names no" if not any(names) else "has an empty"
+        raise UsageError(f"{flag} {quote(value)} {what} {kind} name: give names like {example}")
+    return names
 
 
 def _std_for(spec: StdSpec, flag: str, nproc: int) -> StdSpec:

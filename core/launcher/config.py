@@ -120,6 +120,8 @@ class LaunchConfig:
         if self.local_ranks_filter is not None:
             for rank in self.local_ranks_filter:
                 parse_int(rank, "--local-ranks-filter rank", 0, self.nproc_per_node - 1)
+        if isinstance(self.signals_to_handle, str):  # the command line's form, "SIGTERM,SIGINT"
+            self.signals_to_handle = self.signals_to_handle.split(",")
         signal_numbers(self.signals_to_handle)
         from launcher.hangs.settings import parse_hang_timeout, parse_hang_watch
 
@@ -148,10 +150,16 @@ def check_std(spec: StdSpec, flag: str, nproc: int) -> None:
 def signal_numbers(names: Sequence[str]) -> list[int]:
     """Signal numbers for names like ``SIGTERM`` (or ``TERM``)."""
     numbers = []
+    if not any(name.strip() for name in names):
+        raise UsageError(
+            f"--signals-to-handle {quote(','.join(names))} names no signal; use names like SIGTERM,SIGINT,SIGUSR1"
+        )
     for raw in names:
         name = raw.strip().upper()
         if not name:
-            continue
+            raise UsageError(
+                f"--signals-to-handle {quote(','.join(names))} has an empty item; use names like SIGTERM,SIGINT,SIGUSR1"
+            )
         if not name.startswith("SIG"):
             name = "SIG" + name
         number = getattr(signal, name, None)
@@ -174,7 +182,7 @@ def new_run_id() -> str:
 
 def parse_nnodes(value: str, name: str = "--nnodes") -> tuple[int, int]:
     """``N`` or ``MIN:MAX``, each an integer from 1 to :data:`~launcher.values.MAX_NODES`."""
-    parts = value.strip().split(":")
+    parts = value.split(":")  # plain ASCII decimal: no spaces, as every number
     hint = f"{name} must be N or MIN:MAX with integers from 1 to {MAX_NODES}, e.g. 2 or 1:4; got {quote(value)}"
     numbers = [read_int(part) for part in parts]
     if len(parts) > 2 or any(n is None or not 1 <= n <= MAX_NODES for n in numbers):
@@ -188,7 +196,7 @@ def parse_nnodes(value: str, name: str = "--nnodes") -> tuple[int, int]:
 
 def parse_std(value: str, flag: str) -> StdSpec:
     """torchrun's Std format: ``3`` for every rank, or ``0:1,1:2`` per local rank."""
-    text = value.strip()
+    text = value
     hint = f"{flag} {quote(value)} is invalid: use 0-3 for every rank, or LOCAL_RANK:0-3 pairs like 0:1,1:2"
     if text == "":
         return STD_NONE
@@ -200,7 +208,7 @@ def parse_std(value: str, flag: str) -> StdSpec:
     for item in text.split(","):
         rank_text, sep, std = item.partition(":")
         rank = read_int(rank_text)
-        if not sep or rank is None or std.strip() not in ("0", "1", "2", "3"):
+        if not sep or rank is None or std not in ("0", "1", "2", "3"):
             raise UsageError(hint)
         if rank in mapping:
             raise UsageError(f"{flag} {quote(value)} names local rank {rank} twice")
@@ -223,13 +231,15 @@ def parse_rdzv_conf(value: str) -> dict[str, str]:
             raise UsageError(
                 f"--rdzv-conf {quote(key.strip())} has no value: give key=value, or leave the key out for its default"
             )
+        if key.strip() in conf:
+            raise UsageError(f"--rdzv-conf gives {quote(key.strip())} twice: give each key once")
         conf[key.strip()] = val.strip()
     return conf
 
 
 def parse_ranks_filter(value: str, name: str = "--local-ranks-filter") -> set[int] | None:
     """Comma list of local ranks (``0,2``); empty means every rank."""
-    text = value.strip()
+    text = value
     if not text:
         return None
     ranks = set()

@@ -13,6 +13,18 @@ import sys
 
 FORMAT = "[launcher] %(levelname)s: %(message)s"
 
+#: What ``LOGLEVEL`` may say (any case): logging's level names, as torch's own loggers read it.
+LOG_LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "WARN": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+    "FATAL": logging.CRITICAL,
+    "NOTSET": logging.NOTSET,
+}
+
 
 class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """Writes the launcher's messages under the console lock the output pump uses."""
@@ -26,15 +38,16 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ign
 
 def setup_console_logging() -> None:
     """Send the ``launcher`` logger to stderr in the launcher's format; ``LOGLEVEL`` sets the level."""
-    level_name = os.environ.get("LOGLEVEL", "WARNING").upper()
-    level = getattr(logging, level_name, logging.WARNING)
+    # The command line refuses any other value (launcher.options.check_environment); the Python
+    # API, which must not fail on its host application's environment, uses the default.
+    level = LOG_LEVELS.get(os.environ.get("LOGLEVEL", "").strip().upper(), logging.WARNING)
     handler = ConsoleHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(FORMAT))
     root = logging.getLogger("launcher")
     root.handlers[:] = [handler]
-    root.setLevel(level if isinstance(level, int) else logging.WARNING)
+    root.setLevel(level)
     root.propagate = False
-    if "LOGLEVEL" not in os.environ:
+    if not os.environ.get("LOGLEVEL", "").strip():  # unset or empty: the default
         # Waiting for other nodes should never look like a hang: show the rendezvous' progress
         # ("2 joined of min 3 ...; timeout in 540 s") by default.
         logging.getLogger("launcher.rendezvous").setLevel(logging.INFO)

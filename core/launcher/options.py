@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from launcher.errors import UsageError
@@ -20,6 +20,36 @@ USAGE_LINE = "no script given; usage: launcher [options] SCRIPT [ARGS...] ('laun
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
+
+
+def switch_value(variable: str, value: str) -> bool:
+    """An on/off environment variable's value: 1/true/yes/on or 0/false/no/off (empty means off).
+
+    Anything else is a one-line :class:`UsageError` naming ``variable`` and the accepted values.
+    """
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise UsageError(f"{variable}={quote(value)} is not a switch value: use 1 or 0 (empty means off)")
+
+
+def check_environment(environ: Mapping[str, str]) -> bool:
+    """Check the launcher's own environment switches; return whether plugins autoload.
+
+    ``LOGLEVEL`` must name a log level and ``LAUNCHER_DISABLE_PLUGIN_AUTOLOAD`` be a switch value:
+    a typo there would otherwise be read silently as the default.
+    """
+    from launcher.console import LOG_LEVELS
+
+    level = environ.get("LOGLEVEL")
+    if level is not None and level.strip() and level.strip().upper() not in LOG_LEVELS:
+        raise UsageError(
+            f"LOGLEVEL={quote(level)} is not a log level: use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+        )
+    disable = environ.get("LAUNCHER_DISABLE_PLUGIN_AUTOLOAD")
+    return disable is None or not switch_value("LAUNCHER_DISABLE_PLUGIN_AUTOLOAD", disable)
 
 
 def _env_name(dest: str) -> str:
@@ -70,15 +100,7 @@ class _EnvSwitch(argparse.Action):
     def __init__(self, dest: str, default: bool = False, **kwargs: Any) -> None:
         env_value = os.environ.get(_env_name(dest))
         if env_value is not None:
-            lowered = env_value.strip().lower()
-            if lowered in _TRUE:
-                default = True
-            elif lowered in _FALSE:
-                default = False
-            else:
-                raise UsageError(
-                    f"{_env_name(dest)}={quote(env_value)} is not a switch value: use 1 or 0 (empty means off)"
-                )
+            default = switch_value(_env_name(dest), env_value)
         super().__init__(dest=dest, default=default, nargs=0, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,

@@ -3,8 +3,10 @@
 Every number the launcher accepts (flags, ``PET_*`` variables, ``--rdzv-conf`` values, the Python
 API's :class:`~launcher.config.LaunchConfig` fields) goes through :func:`parse_int` or
 :func:`parse_seconds`, so a value is accepted or refused the same way wherever it comes from, and
-every refusal names the accepted range. Only ASCII decimal digits count: Python's ``int()`` and
-``str.isdigit()`` also take ``"٣"`` or ``"²"``, which no user means as a worker count.
+every refusal names the accepted range. Only plain ASCII decimal counts: Python's ``int()`` and
+``str.isdigit()`` also take ``"٣"``, ``"²"``, ``"1_0"``, ``"+2"`` or ``" 2\n"``, which no user
+means as a worker count. So no sign, no ``_`` separators and no surrounding whitespace: a value
+that is refused here is refused everywhere (a negative number is refused by its range).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ MAX_RESTARTS = 100_000
 #: One week: the longest timeout any setting accepts.
 MAX_SECONDS = 604_800
 
-# [0-9] rather than \d: \d matches every Unicode decimal digit.
-_INT = re.compile(r"[+-]?[0-9]+")
-_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# [0-9] rather than \d: \d matches every Unicode decimal digit. A leading "-" is read (so that
+# "-1" is refused by the range, which the message states); "+", "_" and whitespace are not.
+_INT = re.compile(r"-?[0-9]+")
+_FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 #: Longer numbers are refused before conversion (int() of 5000 digits is an error of its own).
 _MAX_CHARS = 40
 _QUOTE_LIMIT = 80
@@ -66,8 +69,7 @@ def _text(value: Any) -> str | None:
     """The string to parse, or ``None`` when ``value`` is not text."""
     if not isinstance(value, str):
         return None
-    text = value.strip()
-    return text if len(text) <= _MAX_CHARS else None
+    return value if len(value) <= _MAX_CHARS else None
 
 
 def read_int(value: Any) -> int | None:

@@ -106,3 +106,11 @@ def test_builtin_c10d_registration_accepts_exactly_the_core_keys() -> None:
     from launcher.rendezvous.config import CONFIG_KEYS
 
     assert set(C10D_CONFIG_KEYS) == set(CONFIG_KEYS)
+
+
+def test_builtin_static_registration_accepts_the_static_keys() -> None:
+    from launcher.plugins.builtin.rendezvous import STATIC_CONFIG_KEYS
+    from launcher.rendezvous.static import CONFIG_KEYS
+
+    assert set(STATIC_CONFIG_KEYS) == set(CONFIG_KEYS)
+    assert {"join_networks", "secret_file"} <= set(CONFIG_KEYS)

@@ -68,14 +68,15 @@ def derived_port(job_id: str) -> int:
     (CRC-32, stable across machines and Python versions, unlike ``hash``).
     """
     text = job_id.strip()
-    number = int(text) if text.isdigit() else zlib.crc32(text.encode())
+    number = int(text) if text.isascii() and text.isdigit() else zlib.crc32(text.encode())
     return PORT_BASE + number % PORT_SPAN
 
 
 def env_int(environ: Mapping[str, str], name: str) -> int | None:
-    """``int(environ[name])``, or ``None`` when the variable is unset or not a number."""
+    """``int(environ[name])``, or ``None`` when the variable is unset or not ASCII decimal digits."""
     text = environ.get(name, "").strip()
-    return int(text) if text.isdigit() else None
+    # isascii(): str.isdigit() also accepts digits of other scripts ("٣", "²").
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def resolves(host: str) -> bool:

@@ -76,24 +76,20 @@ def _one_line(exc: BaseException) -> str:
 def resolve_nproc_per_node(value: str, manager: LauncherPluginManager) -> tuple[int, DeviceProvider | None]:
     """Turn ``--nproc-per-node VALUE`` into ``(workers per node, provider)``.
 
-    A number returns ``(n, None)`` without loading any provider. A name selects a registered
-    device provider (``auto`` stands for the provider it chooses, which is what is returned) and
-    returns its device count. Raises :class:`~launcher.errors.UsageError`, in one line, for a count
-    below 1 or a kind that cannot be counted here, and the plugin manager's not-found error for an
-    unknown name.
+    A value that does not start with a letter is a count: plain ASCII decimal from 1 to
+    :data:`~launcher.values.MAX_NPROC`, returned as ``(n, None)`` without loading any provider.
+    A name selects a registered device provider (``auto`` stands for the provider it chooses,
+    which is what is returned) and returns its device count. Raises
+    :class:`~launcher.errors.UsageError`, in one line, for any other count or a kind that cannot be
+    counted here, and the plugin manager's not-found error for an unknown name.
     """
     text = value.strip()
-    try:
-        number = int(text)
-    except ValueError:
-        pass
-    else:
-        if number < 1:
-            raise UsageError(
-                f"--nproc-per-node {value}: a node needs at least 1 worker; give a positive number "
-                "(e.g. --nproc-per-node 1) or a device kind (e.g. --nproc-per-node auto)"
-            )
-        return number, None
+    if not value[:1].isalpha():
+        # A count, never a device kind: plain ASCII decimal ("1_0", "٢", "+2" are refused, as
+        # everywhere; int() would take them).
+        from launcher.values import MAX_NPROC, parse_int
+
+        return parse_int(value, "--nproc-per-node", 1, MAX_NPROC), None
 
     provider = _find_provider(text, manager)
     chosen = provider

@@ -63,7 +63,7 @@ CONFIG_KEYS: Mapping[str, ConfigKey] = {
         ConfigKey("keep_alive_interval", "seconds", "5", "how often each node writes its heartbeat"),
         ConfigKey("keep_alive_max_attempt", "int", "3", "missed heartbeats before a node is lost"),
         ConfigKey("store_type", "choice", "tcp", "the c10d store: tcp (TCPStore) or file (FileStore)", ("tcp", "file")),
-        ConfigKey("timeout", "ignored", None, "accepted for torchrun compatibility and ignored"),
+        ConfigKey("timeout", "ignored", None, "accepted for torchrun compatibility and ignored (still seconds)"),
         ConfigKey("stable_rank0", "bool", "false", "keep the node that serves the store as group rank 0"),
         ConfigKey(
             "join_networks",
@@ -152,6 +152,9 @@ class DynamicRendezvousConfig:
         """
         if known is not None:
             check_config_keys(params.config, known, backend or params.backend)
+        # Ignored by c10d, read as join_timeout by etcd: seconds either way, checked under its own
+        # name first (a nonsense value is a typo wherever it goes).
+        _optional_float(params, "timeout")
         return cls(
             join_timeout=_seconds(params, "join_timeout", 600.0),
             last_call_timeout=_seconds(params, "last_call_timeout", 30.0),

@@ -18,7 +18,7 @@ from launcher.errors import UsageError
 from launcher.rendezvous.api import RendezvousConfigError, RendezvousParameters
 from launcher.rendezvous.config import CONFIG_KEYS as CORE_CONFIG_KEYS
 from launcher.rendezvous.config import DynamicRendezvousConfig
-from launcher.rendezvous.endpoint import parse_endpoint
+from launcher.rendezvous.endpoint import check_resolvable, parse_endpoint
 from launcher.values import parse_seconds
 from launcher.values import quote as quote_value
 
@@ -79,8 +79,11 @@ ETCD_KEYS: Mapping[str, EtcdKey] = {
 }
 
 #: The core's rendezvous keys that mean something over etcd. ``store_type`` and ``is_host``
-#: choose and serve a c10d store, which has no meaning here.
-CORE_KEYS: frozenset[str] = frozenset(CORE_CONFIG_KEYS) - {"store_type", "is_host"}
+#: choose and serve a c10d store, which has no meaning here; nor have ``join_networks`` and
+#: ``secret_file``, which say who may use a store an agent serves: etcd's own authentication
+#: guards the rendezvous keys, and each round's workers' store admits only the round's
+#: participants by address (docs/etcd.md, "Who may use the stores").
+CORE_KEYS: frozenset[str] = frozenset(CORE_CONFIG_KEYS) - {"store_type", "is_host", "join_networks", "secret_file"}
 
 #: Everything ``--rdzv-conf`` may say to this backend (``RendezvousBackend.config_keys``).
 ALL_CONFIG_KEYS: frozenset[str] = frozenset(ETCD_KEYS) | CORE_KEYS
@@ -298,5 +301,11 @@ def _lease_ttl(value: str | None, config: DynamicRendezvousConfig) -> int:
 
 
 def check_parameters(params: RendezvousParameters) -> None:
-    """Validate the endpoint and every ``--rdzv-conf`` value before anything starts (no I/O but stat)."""
-    EtcdSettings.from_parameters(params)
+    """Validate the endpoint and every ``--rdzv-conf`` value before anything starts.
+
+    No I/O but stat and, last, a DNS lookup of the members' host names: when none can exist
+    (the resolver says so), that is a usage error too (see :func:`~launcher.rendezvous.endpoint.check_resolvable`).
+    """
+    settings = EtcdSettings.from_parameters(params)
+    check_resolvable([endpoint.host for endpoint in settings.endpoints],
+                     f"--rdzv-endpoint {quote_value(params.endpoint)}")  # fmt: skip

@@ -76,6 +76,8 @@ def test_installed_distribution_is_found_through_its_entry_point(installed_plugi
         (":::", {}, "not an IPv6 address"),
         ("a b:1", {}, "not a host name"),
         ("h:2379", {"join_timeout": "nan"}, "join_timeout must be a number of seconds"),
+        # etcd reads torchrun's timeout as join_timeout; the message names the key the user typed.
+        ("h:2379", {"timeout": "nan"}, "^--rdzv-conf timeout must be a number of seconds"),
         ("h:2379", {"read_timeout": "-1"}, "read_timeout must be a number of seconds"),
         ("h:2379", {"lease_ttl": "inf"}, "lease_ttl must be a number of seconds from 2"),
         ("h:2379", {"lease_ttl": "1"}, "lease_ttl must be a number of seconds from 2"),

@@ -81,4 +81,4 @@ def test_pip_install_target_and_entry_point(
         [sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, cwd=tmp_path
     )
     assert missing.returncode != 0
-    assert "pip install launcher-webhook" in missing.stderr
+    assert "pip install ./plugins/launcher-webhook" in missing.stderr
