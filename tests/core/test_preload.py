@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LAUNCHER, launcher_env, run_launcher
-from tests.core.test_no_survivors import FAMILY, Run, _alive, _gone_after, _kill_marked
+from tests.core.test_no_survivors import FAMILY, Run, _alive, _await_adoption, _gone_after, _kill_marked
 
 #: What a worker tells about itself: everything a fork could get wrong.
 PORTRAIT = """
@@ -324,8 +324,8 @@ def preloaded_family(write_script, tmp_path):
     script = write_script("family.py", FAMILY)
     runs: list[Run] = []
 
-    def start(mode: str, *flags: str) -> Run:
-        run = Run(script, tmp_path / f"out{len(runs)}", mode, "--preload", "json", *flags)
+    def start(mode: str, *flags: str, env: dict[str, str] | None = None) -> Run:
+        run = Run(script, tmp_path / f"out{len(runs)}", mode, "--preload", "json", *flags, env=env)
         runs.append(run)
         return run
 
@@ -364,12 +364,13 @@ def test_no_process_outlives_a_preloaded_job(preloaded_family, mode, flags, code
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_the_template_dies_with_the_agent(preloaded_family, how):
-    run = preloaded_family("wait")
+    run = preloaded_family("wait", env={"LOGLEVEL": "DEBUG"})
     pids = run.families()
     assert all(_alive(pid) for pid in pids)
     # Forked workers show the template's command line too: the template is the one not recorded.
     assert len([pid for pid in _template_pids(run.marker) if pid not in pids]) == 1
     if how == "SIGKILL":
+        _await_adoption(run)  # without a cgroup: once the agent has registered its adopted orphans
         run.proc.kill()
         run.proc.wait(30)
     else:

@@ -48,6 +48,16 @@ def test_find_counters_falls_back_to_the_mount_root(tmp_path: Path) -> None:
     assert find_cgroup_counters(str(proc), str(root)) == [CgroupCounter(f"{root}/memory.events")]
 
 
+def test_find_counters_v2_takes_the_nearest_cgroup_with_memory_events(tmp_path: Path) -> None:
+    # The command line's agent runs in a job cgroup below its own, with no controller enabled.
+    root = tmp_path / "cgroup"
+    (root / "user.slice" / "launcher-abc" / "workers").mkdir(parents=True)
+    (root / "user.slice" / "memory.events").write_text(V2_EVENTS.format(n=0))
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/user.slice/launcher-abc/workers\n")
+    assert find_cgroup_counters(str(proc), str(root)) == [CgroupCounter(f"{root}/user.slice/memory.events")]
+
+
 def test_counter_rise_means_likely_oom(tmp_path: Path) -> None:
     events = tmp_path / "memory.events"
     events.write_text(V2_EVENTS.format(n=1))

@@ -1,16 +1,22 @@
 """The watchdog process: kills the processes of an agent's job once the agent died without cleaning up.
 
-Run as ``python -I -S _watchdog_main.py TOKEN`` (isolated, no site: it starts in milliseconds and
-imports nothing of launcher). Every process the job starts carries ``TOKEN`` in its environment
-(``LAUNCHER_JOB_TOKEN``, inherited at any depth and in any session), so the job's processes can be
-found by scanning ``/proc/*/environ`` without knowing their pids or parents. The agent writes
-``+PID`` for each worker it starts (the worker is the leader of its own session), ``-PID`` when it
+Run as ``python -I -S _watchdog_main.py TOKEN [JOB_CGROUP ORIGIN_CGROUP]`` (isolated, no site: it
+starts in milliseconds and imports nothing of launcher). Every process the job starts carries
+``TOKEN`` in its environment (``LAUNCHER_JOB_TOKEN``, inherited at any depth and in any session), so
+the job's processes can be found by scanning ``/proc/*/environ`` without knowing their pids or
+parents. Where the agent contains the job in a cgroup v2 (``launcher.agent.containment``),
+``JOB_CGROUP`` is that cgroup's directory: every process of the job is in it or below it, whatever
+its environment; the watchdog must not be, and steps out to ``ORIGIN_CGROUP`` (the agent's own
+cgroup) if it was born inside. The agent writes ``+PID`` for each worker it starts (the worker is
+the leader of its own session) and each orphan it adopted as a child subreaper, ``-PID`` when it
 reaped one, and ``exit`` when it shuts down cleanly. If standard input ends without ``exit``, the
-agent is gone: every process carrying the token, in a registered worker's session, or below a
-registered worker is SIGKILLed, and the scan repeats until it has found nothing for a while (a
-worker the agent was forking when it died execs, and so shows its token, a moment later).
+agent is gone: the job's cgroup is killed (``cgroup.kill``) and removed, then every process carrying
+the token, in a registered session, or below a registered process is SIGKILLed, and the scan
+repeats until it has found nothing for a while (a worker the agent was forking when it died execs,
+and so shows its token, a moment later).
 
-The functions here are also the agent's own tools for its stop-time sweep (``group.py``).
+The functions here are also the agent's own tools for its stop-time sweep (``group.py``) and its
+cgroup (``containment.py``).
 """
 
 # Annotations are never evaluated: this script imports nothing it does not use (not even typing).
@@ -62,8 +68,8 @@ def descendants(roots: list[int]) -> set[int]:
     return found
 
 
-def session_tree(sessions: set[int] | tuple[int, ...]) -> set[int]:
-    """Pids in the given sessions, the session leaders, and all their descendants."""
+def session_tree(sessions: set[int] | tuple[int, ...], roots: set[int] | tuple[int, ...] = ()) -> set[int]:
+    """Pids in the given sessions, the session leaders, ``roots``, and all their descendants."""
     table: dict[int, tuple[int, int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -71,7 +77,7 @@ def session_tree(sessions: set[int] | tuple[int, ...]) -> set[int]:
             if info is not None:
                 table[int(entry)] = info
     doomed = {pid for pid, (_, sid) in table.items() if sid in sessions}
-    doomed |= {pid for pid in sessions if pid in table}
+    doomed |= {pid for pid in (*sessions, *roots) if pid in table}
     grew = True
     while grew:  # descendants that left the session (setsid daemons) still have a parent link
         grew = False
@@ -104,15 +110,29 @@ def job_processes(token: str | bytes, exclude: set[int] | tuple[int, ...] = ()) 
 
 def kill_job(token: str | bytes, sessions: set[int] | tuple[int, ...] = (), timeout: float = 10.0,
              quiet: float = 0.5) -> None:
-    """SIGKILL the job's processes until none has been seen for ``quiet`` seconds (or ``timeout``)."""
+    """SIGKILL the job's processes until none has been seen for ``quiet`` seconds (or ``timeout``).
+
+    Each round first SIGSTOPs what it finds, and looks again until nothing new turns up: a stopped
+    process cannot fork, so a child forked while the round looked (one that clears its environment
+    and leaves the session, say) is found below its stopped parent rather than orphaned by its
+    parent's death. Then everything found is SIGKILLed (a stopped process dies of it too).
+    """
     me = {os.getpid()}
     deadline = time.monotonic() + timeout
     last_seen = time.monotonic()
     while time.monotonic() < deadline:
-        doomed = set(job_processes(token, me))
-        if sessions:
-            doomed |= session_tree(sessions)
-        doomed -= me
+        doomed: set[int] = set()
+        while time.monotonic() < deadline:
+            found = set(job_processes(token, me))
+            if sessions or doomed or found:
+                found |= session_tree(sessions, (*doomed, *found))
+            new = found - doomed - me
+            if not new:
+                break
+            for pid in new:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGSTOP)
+            doomed |= new
         for pid in doomed:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -124,10 +144,114 @@ def kill_job(token: str | bytes, sessions: set[int] | tuple[int, ...] = (), time
         time.sleep(0.02)
 
 
+def cgroup_pids(path: str) -> list[int]:
+    """Every process in the cgroup ``path`` and the cgroups below it (none once it is gone)."""
+    pids: list[int] = []
+    for directory, _, _ in os.walk(path):
+        try:
+            with open(os.path.join(directory, "cgroup.procs"), "rb") as handle:
+                pids.extend(int(pid) for pid in handle.read().split())
+        except OSError:  # removed meanwhile
+            pass
+    return pids
+
+
+def move_to_cgroup(path: str, pid: int = 0) -> None:
+    """Move process ``pid`` (0: this one, all its threads) into the cgroup ``path``; raises OSError."""
+    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY)
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
+
+
+def cgroup_populated(path: str) -> bool:
+    """Whether a live process is in ``path`` or below (the kernel's own count: zombies are not)."""
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as handle:
+            for line in handle:
+                if line.startswith(b"populated "):
+                    return line.split()[1] != b"0"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return bool(cgroup_pids(path))
+
+
+def _write(path: str, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, data)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def cgroup_kill(path: str, timeout: float = 10.0) -> bool:
+    """SIGKILL every process in the cgroup ``path`` and below; whether none was left within ``timeout``.
+
+    ``cgroup.kill`` (Linux 5.14) kills them all at once, forks in progress included. Older kernels:
+    freeze the cgroup (5.2; a frozen process still dies of SIGKILL) and kill each process listed,
+    repeating until the cgroup is empty. Never kills the caller: if it is inside (it could not step
+    out), the others are killed one by one.
+    """
+    me = os.getpid()
+    inside = me in cgroup_pids(path)
+    one_shot = not inside and _write(os.path.join(path, "cgroup.kill"), b"1")
+    freezer = os.path.join(path, "cgroup.freeze")
+    frozen = not one_shot and not inside and _write(freezer, b"1")
+    deadline = time.monotonic() + timeout
+    pause = 0.0005
+    try:
+        while True:
+            others = [pid for pid in cgroup_pids(path) if pid != me] if inside or not one_shot else []
+            if not (others if inside else cgroup_populated(path)):
+                return True
+            for pid in others:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+    finally:
+        if frozen:
+            _write(freezer, b"0")
+
+
+def cgroup_remove(path: str) -> bool:
+    """Remove the (empty) cgroup ``path`` and every cgroup below it; whether it is gone."""
+    for directory, _, _ in os.walk(path, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
+    return not os.path.isdir(path)
+
+
+def step_out(job: str, origin: str) -> bool:
+    """Make sure this process is not in the cgroup ``job`` (move it to ``origin``); whether it is out."""
+    if os.getpid() not in cgroup_pids(job):
+        return True
+    try:
+        move_to_cgroup(origin)
+    except OSError:
+        return False
+    return os.getpid() not in cgroup_pids(job)
+
+
 def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_IGN)  # outlive the agent's own signals to clean up after it
     token = sys.argv[1] if len(sys.argv) > 1 else ""
+    job, origin = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("", "")
+    if job:
+        # Born while the agent was moving into the job's cgroup: leave it, so as to outlive it.
+        step_out(job, origin)
     sessions: set[int] = set()
     stream = sys.stdin.buffer
     clean = False
@@ -140,8 +264,19 @@ def main() -> None:
             sessions.add(int(text[1:]))
         elif text[:1] == b"-":
             sessions.discard(int(text[1:]))
-    if not clean and (token or sessions):
+    if clean:
+        return
+    if job and os.path.isdir(job):
+        # Every process of the job at once, whatever its session or environment; the token and
+        # session scan below still runs for what was never in the cgroup.
+        step_out(job, origin)
+        cgroup_kill(job)
+        cgroup_remove(job)
+    if token or sessions:
         kill_job(token, sessions)
+    if job and os.path.isdir(job):  # a process moved into it meanwhile (never expected)
+        cgroup_kill(job)
+        cgroup_remove(job)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from launcher.errors import LaunchError
 from launcher.failures.exits import describe_exit
 from launcher.logs.pump import OutputPump
 from launcher.plan import format_cpus
+from launcher.plugins.types import finish_logs, run_log_dir
 from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
 
@@ -59,8 +60,13 @@ MIN_MEMBERSHIP_INTERVAL = 1.0
 class Agent:
     """Runs this node's share of a job, as ``plan`` says (see the module docstring)."""
 
-    def __init__(self, plan: LaunchPlan, *, handler: RendezvousHandler | None = None) -> None:
-        """``handler`` replaces the one the plan's rendezvous backend would create (tests)."""
+    def __init__(self, plan: LaunchPlan, *, handler: RendezvousHandler | None = None,
+                 own_process: bool = False) -> None:
+        """``handler`` replaces the one the plan's rendezvous backend would create (tests).
+        ``own_process``: this process is the launcher's own (the command line, not the Python API),
+        so the job's containment may move it into the job's cgroup or make it a child subreaper
+        (:mod:`launcher.agent.containment`)."""
+        self._own_process = own_process
         self.plan = plan
         self.node = plan.node
         self._handler = handler
@@ -100,8 +106,12 @@ class Agent:
                 self._hangs = self._hang_monitor(plan)
                 stack.callback(self._hangs.close)
                 self._hangs.enable_dump_signal(list(plan.signals))  # SIGUSR2: every rank's stacks
+            else:  # SIGUSR2 must not kill the agent: it says how to get stacks instead
+                from launcher.hangs.ondemand import explain_dump_signal
+
+                stack.callback(explain_dump_signal(list(plan.signals)))
             stack.callback(self._close_oom_watch)
-            watchdog = Watchdog()
+            watchdog = Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)
             pump = OutputPump()
             stack.callback(pump.close)
@@ -133,7 +143,9 @@ class Agent:
         logs_specs = plan.logs_specs
         return HangMonitor(
             plan.hangs.timeout, node=self.node, run_id=plan.run_id, output=plan.hangs.watch_output, emit=self._emit,
-            log_dir=lambda: (getattr(logs_specs, "run_log_dir", None) if plan.log_dir else None),
+            # The run's log directory, --log-dir or not (a temporary one is then kept).
+            log_dir=lambda: run_log_dir(logs_specs) or getattr(logs_specs, "_run_log_dir", None),
+            keep_logs=getattr(logs_specs, "keep", None),
         )
 
     def _kill_group(self) -> None:
@@ -164,9 +176,7 @@ class Agent:
                 self._events.close(timeout=5.0)
 
     def _finish_logs(self, succeeded: bool) -> None:
-        finish = getattr(self.plan.logs_specs, "finish", None)
-        if finish is not None:
-            finish(succeeded)
+        finish_logs(self.plan.logs_specs, succeeded)
 
     def _remove_result_dir(self) -> None:
         if self._result_dir is not None:
@@ -245,7 +255,7 @@ class Agent:
             if self._hangs is not None:
                 self._hangs.detach()
             multi = info.group_world_size > 1
-            if remaining_restarts == 0 and multi and await_lost_nodes(handler, plan, self._emit):
+            if remaining_restarts == 0 and multi and await_lost_nodes(handler, plan, self._emit, info):
                 continue  # a node left: re-form without counting a restart
             if remaining_restarts > 0:
                 remaining_restarts -= 1

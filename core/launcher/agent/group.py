@@ -4,8 +4,10 @@ A group lives for one attempt. It builds each worker's output routes from the Lo
 destinations, starts the processes, registers them with the watchdog, and reports exits the
 moment they happen. Stopping sends a signal to every worker's process group, waits up to the
 shutdown timeout (cut short by :meth:`WorkerGroup.hurry`), then SIGKILLs whatever is left. Once the
-workers have ended, a sweep kills every process still carrying the job's token in its environment:
-whatever the workers started, at any depth and in any session (double-forked daemons included).
+workers have ended, a sweep kills every process still carrying the job's token in its environment,
+then every process the job's containment holds (its cgroup, or the orphans the agent adopted as a
+child subreaper: ``containment.py``): whatever the workers started, at any depth, in any session
+and with any environment (double-forked daemons that cleared it included).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from string import Template
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from launcher.agent._watchdog_main import descendants, job_processes
+from launcher.agent.containment import POLL_INTERVAL
 from launcher.agent.process import WorkerProcess, start_command, start_function
 from launcher.agent.watchdog import Watchdog, job_env
 from launcher.logs.pump import OutputPump, StreamRoute, open_log
@@ -30,6 +33,7 @@ from launcher.logs.terminal import WorkerTerminals, stream_wants_terminal
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.preload import Preloader
+    from launcher.plugins.types import LogsDestinations
 
 log = logging.getLogger("launcher.agent")
 
@@ -86,6 +90,7 @@ class WorkerGroup:
         self.slots = slots
         self._pump = pump
         self._watchdog = watchdog
+        self._containment = watchdog.containment
         self._selector = selectors.DefaultSelector()
         self._wakeup_fd = wakeup_fd
         if wakeup_fd is not None:
@@ -103,7 +108,7 @@ class WorkerGroup:
     def start(
         self,
         entry: Entrypoint,
-        dest: Any,
+        dest: LogsDestinations,
         *,
         role: str,
         prefix_template: str | None,
@@ -123,6 +128,8 @@ class WorkerGroup:
         """
         nproc = len(self.slots)
         guarded = self._watchdog.running
+        # From here on the agent is in the job's cgroup (or a subreaper): what it starts is contained.
+        self._containment.settle()
         if preload is not None and entry.command is not None and preload.prepare(  # --preload
                 [job_env(slot.env, self._watchdog.token) for slot in self.slots], self._wakeup_fd):
             self._preload = preload
@@ -165,6 +172,7 @@ class WorkerGroup:
                         rank, entry.function, entry.args, env, out_w, err_w,
                         os.path.join(result_dir, f"result_{rank}.pickle"), start_method, worker_cpus,
                         parent_death_signal=not guarded, close_fds=close_fds,
+                        cgroup=self._containment.worker_cgroup,
                     )
             except BaseException:
                 for fd in (out_r, out_w, err_r, err_w):
@@ -172,6 +180,8 @@ class WorkerGroup:
                 raise
             os.close(out_w)
             os.close(err_w)
+            if entry.command is not None:  # the Python API's (a no-op otherwise; functions move themselves)
+                self._containment.adopt(slot.process.pid)
             slot.streams = [self._pump.add(out_r, out_route), self._pump.add(err_r, err_route)]
             slot.stderr_stream = slot.streams[1]
             self._terminals.attach(slot.process.pid)
@@ -225,6 +235,8 @@ class WorkerGroup:
 
     def wait(self, timeout: float) -> list[WorkerSlot]:
         """Block up to ``timeout`` seconds for worker exits; the workers that ended, if any."""
+        if self._containment.adopts:  # look for adopted orphans at least this often (containment.poll)
+            timeout = min(timeout, POLL_INTERVAL)
         poll_interval = 0.05 if self._polled else timeout
         ready = self._selector.select(min(timeout, poll_interval)) if self._selector.get_map() else []
         if not self._selector.get_map() and not self._polled:
@@ -243,7 +255,16 @@ class WorkerGroup:
             if slot.process is not None and slot.process.poll() is not None:
                 self._polled.remove(slot)
                 ended.append(slot)
+        if self._containment.adopts:  # a child subreaper: orphans it adopted
+            self._containment.poll({*self._worker_pids(), *self._helpers()})
         return ended
+
+    def _worker_pids(self) -> set[int]:
+        return {slot.process.pid for slot in self.slots if slot.process is not None}
+
+    def _helpers(self) -> set[int]:
+        """The agent's own processes that sweeps spare: the watchdog and the --preload template."""
+        return {pid for pid in (self._watchdog.pid, self._preload and self._preload.pid) if pid}
 
     def all_done(self) -> bool:
         return all(s.process is not None and s.process.poll() is not None for s in self.slots)
@@ -307,13 +328,16 @@ class WorkerGroup:
             self.sweep()
 
     def sweep(self, timeout: float = 5.0) -> int:
-        """SIGKILL every process carrying the job's token but running workers; how many were killed.
+        """SIGKILL every process of the job but running workers and the agent's helpers; how many
+        were killed.
 
-        One scan of ``/proc/*/environ`` when nothing is left (at stop time only, never on the
-        start-up path); it repeats while it finds something, since a process can fork while its
-        parent is being killed.
+        First by token: one scan of ``/proc/*/environ`` when nothing is left (at stop time only,
+        never on the start-up path), repeated while it finds something, since a process can fork
+        while its parent is being killed. Then by containment: the job's cgroup (read from its
+        ``cgroup.procs``) or the orphans the agent adopted, which also finds what cleared its
+        environment.
         """
-        exclude = {os.getpid(), self._watchdog.pid or 0, (self._preload and self._preload.pid) or 0}
+        exclude = {os.getpid(), *self._helpers()}
         exclude.update(slot.process.pid for slot in self.running() if slot.process is not None)
         killed: set[int] = set()
         deadline = time.monotonic() + timeout
@@ -326,6 +350,7 @@ class WorkerGroup:
                     os.kill(pid, signal.SIGKILL)
             killed.update(doomed)
             time.sleep(0.005)
+        killed |= self._containment.sweep(spare=self._worker_pids(), helpers=self._helpers(), timeout=timeout)
         if killed:
             log.info("killed %d process(es) the workers left behind (pids %s)", len(killed),
                      ", ".join(map(str, sorted(killed))))

@@ -13,15 +13,18 @@ once; the agent marks itself a child subreaper (``PR_SET_CHILD_SUBREAPER``) for 
 request, so the orphaned worker re-parents to the agent rather than to init. The agent therefore
 reaps it with ``waitpid`` and watches it with a pidfd exactly as a worker it started itself
 (:class:`~launcher.agent.process.ForkedWorker`), and no exit status has to travel through the
-template (which could die and lose it). The flag is cleared right after, so that what the workers
-orphan later still goes to init, as without ``--preload``.
+template (which could die and lose it). The flag is cleared right after (unless the job's
+containment keeps the agent a subreaper throughout), so that what the workers orphan later goes
+where it would without ``--preload``.
 
 The template must be safe to fork: it refuses (and workers start normally, with one line saying
 why) when an import started a thread (``threading.active_count()`` or ``/proc/self/task``),
 initialized CUDA, started a process or opened a socket. It is re-created when a file of a module
 it loaded changes on disk (checked at each start and restart) or when the workers' shared
 environment changes. It carries the job's token, so the watchdog kills it with the job; the agent
-kills it when the job ends.
+kills it when the job ends. The command line's agent starts it once in the job's cgroup (see
+``containment.py``), so the workers it forks are born there too; the subreaper flag set for each
+fork nests with the one that containment may hold for the whole job.
 
 Where preloading cannot apply (``--no-python``, ``--run-path`` and other function entrypoints, a
 command that is not ``python -u SCRIPT``), workers start normally and one line says so.
@@ -417,6 +420,8 @@ def start_preloader(plan: Any, watchdog: Any) -> Preloader | None:
     if preloader is not None:
         from launcher.agent.watchdog import job_env
 
+        # The template is born in the job's cgroup (the command line), so what it forks is too.
+        watchdog.containment.settle()
         preloader.warm(job_env({**workers.base_env, **workers.extra_env}, watchdog.token))
     return preloader
 

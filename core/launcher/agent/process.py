@@ -189,9 +189,19 @@ class ForkedWorker(ChildWorker):
         return self.returncode
 
 
+_subreaper_holds = 0
+
+
 def set_child_subreaper(on: bool) -> None:
-    """Make orphaned descendants re-parent to this process (``on``) or to init again (Linux)."""
-    _prctl()(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
+    """Make orphaned descendants re-parent to this process (``on``) or to init again (Linux).
+
+    Calls nest: the flag is cleared when every ``on`` has had its ``off`` (the agent can be a
+    subreaper for the whole job, see ``containment.py``, and ``--preload`` for each fork).
+    """
+    global _subreaper_holds
+    _subreaper_holds = max(0, _subreaper_holds + (1 if on else -1))
+    if _subreaper_holds == (1 if on else 0):
+        _prctl()(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
 
 
 class FunctionWorker(WorkerProcess):
@@ -239,8 +249,14 @@ def _function_main(
     cpus: frozenset[int] | None,
     parent_death_signal: bool,
     close_fds: tuple[int, ...],
+    cgroup: str | None = None,
 ) -> None:
     """Entry point of a function worker, in the child process."""
+    if cgroup:  # the Python API's job cgroup: before anything here can start a process
+        from launcher.agent._watchdog_main import move_to_cgroup
+
+        with contextlib.suppress(OSError):
+            move_to_cgroup(cgroup)
     os.setsid()
     # A forked child inherits every descriptor of the agent; the watchdog's pipe must not stay
     # open here, or the watchdog would never see the agent die.
@@ -280,8 +296,10 @@ def start_function(
     cpus: frozenset[int] | None = None,
     parent_death_signal: bool = True,
     close_fds: tuple[int, ...] = (),
+    cgroup: str | None = None,
 ) -> FunctionWorker:
-    """Start ``fn(*args)`` in a new process whose output goes to the given pipe ends."""
+    """Start ``fn(*args)`` in a new process whose output goes to the given pipe ends; ``cgroup``:
+    the directory of a cgroup the worker moves itself into first thing."""
     import multiprocessing
     import multiprocessing.connection
 
@@ -293,7 +311,7 @@ def start_function(
     process = context.Process(  # type: ignore[attr-defined]
         target=_function_main,
         args=(fn, args, dict(env), out, err, result_path, os.getpid(), cpus, parent_death_signal,
-              close_fds if start_method == "fork" else ()),
+              close_fds if start_method == "fork" else (), cgroup),
         name=f"launcher-worker-{local_rank}",
     )
     try:

@@ -1,12 +1,19 @@
-"""The agent's side of the watchdog (see ``_watchdog_main.py``).
+"""The agent's side of the watchdog (see ``_watchdog_main.py``), and the job's containment.
 
-The watchdog is a separate tiny process in its own session. When the agent's pipe to it closes
-without a goodbye, it kills every process of the job: whatever carries the job's token in its
-environment (workers and everything they started, data-loader processes, shells, double-forked
-daemons in sessions of their own, even a worker whose start the agent never got to register), and
-whatever is in a registered worker's session or below it. Only if the watchdog cannot run do
-workers fall back to the parent-death signal, which kills the worker itself but not what it started
-(the agent's own stop-time sweep by token still runs on every clean stop).
+The watchdog is a separate tiny process in its own session (and outside the job's cgroup). When
+the agent's pipe to it closes without a goodbye, it kills every process of the job: the job's
+cgroup where there is one (``containment.py``: every process the job started, whatever its session
+or environment), whatever carries the job's token in its environment (workers and everything they
+started, data-loader processes, shells, double-forked daemons in sessions of their own, even a
+worker whose start the agent never got to register), and whatever is in a registered worker's
+session or below it (and below an orphan the agent adopted as a child subreaper). Only if the
+watchdog cannot run do workers fall back to the parent-death signal, which kills the worker itself
+but not what it started (the agent's own stop-time sweep still runs on every clean stop).
+
+The watchdog owns the job's :class:`~launcher.agent.containment.Containment`: its set-up starts
+just before the watchdog does, creates the job's cgroup only once the watchdog runs (which is told
+where it goes, and removes it if the agent dies after creating it), and it is torn down just
+before the watchdog is told goodbye.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import subprocess
 import sys
 
 from launcher.agent._watchdog_main import TOKEN_VARIABLE
+from launcher.agent.containment import Containment
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), "_watchdog_main.py")
 
@@ -24,17 +32,21 @@ _SCRIPT = os.path.join(os.path.dirname(__file__), "_watchdog_main.py")
 class Watchdog:
     """Handle to the watchdog process of one agent."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_process: bool = False) -> None:
+        """``own_process``: the agent owns this process (the command line, not the Python API), so
+        the containment may move it into the job's cgroup or make it a child subreaper."""
         self._proc: subprocess.Popen[bytes] | None = None
         #: Random, per agent: marks the environment of every process of this job (see ``job_env``).
         self.token = os.urandom(16).hex()
+        self.containment = Containment(self.token, own_process, register=self._register)
 
     def start(self) -> bool:
-        """Start the watchdog (once); whether it is running."""
+        """Start the watchdog (once), then the job's containment; whether the watchdog is running."""
         if self._proc is None:
+            self.containment.prepare()
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", _SCRIPT, self.token],
+                    [sys.executable, "-I", "-S", _SCRIPT, self.token, *self.containment.locate()],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.DEVNULL,
                     start_new_session=True,
@@ -42,6 +54,9 @@ class Watchdog:
                 )
             except OSError:
                 return False
+            finally:
+                # Only now, with the watchdog outside it and ready to remove it.
+                self.containment.watchdog_started()
         return self.running
 
     @property
@@ -73,8 +88,13 @@ class Watchdog:
     def forget(self, pid: int) -> None:
         self._send(f"-{pid}")
 
-    def stop(self) -> None:
-        """Clean shutdown: the watchdog exits without killing anything."""
+    def _register(self, pid: int, on: bool) -> None:
+        (self.watch if on else self.forget)(pid)
+
+    def stop(self, helpers: tuple[int, ...] = ()) -> None:
+        """Clean shutdown: end the job's containment (killing what is left in it), then the watchdog
+        exits without killing anything."""
+        self.containment.close(helpers=(*helpers, *((self.pid,) if self.pid else ())))
         if self._proc is None:
             return
         self._send("exit")

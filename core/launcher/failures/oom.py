@@ -67,8 +67,11 @@ def find_cgroup_counters(
         _, controllers, path = entry
         path = path.rstrip("/")
         if controllers == "":  # cgroup v2, mounted alone or beside v1 (as "unified")
+            # The nearest cgroup with the memory controller: v2 counts are hierarchical, and the
+            # job's own cgroup (launcher.agent.containment) enables no controller.
+            ancestors = [path[:i] for i in range(len(path), 0, -1) if i == len(path) or path[i] == "/"]
             for base in (cgroup_root, os.path.join(cgroup_root, "unified")):
-                groups.append([f"{base}{path}/memory.events", f"{base}/memory.events"])
+                groups.append([*(f"{base}{p}/memory.events" for p in ancestors), f"{base}/memory.events"])
         elif "memory" in controllers.split(","):
             base = os.path.join(cgroup_root, "memory")
             groups.append([f"{base}{path}/memory.oom_control", f"{base}/memory.oom_control"])
