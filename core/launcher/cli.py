@@ -1,12 +1,14 @@
 """The ``launcher`` command (and ``python -m launcher``).
 
 ``launcher [torchrun flags] script [args]`` runs a job; ``launcher plugins [--json]`` lists the
-installed plugins. Invalid input ends with one line on stderr and exit status 2 before anything
-starts; a failed job ends with a failure report and a non-zero status.
+installed plugins; ``launcher stacks PID|LOGDIR`` prints a running job's stacks. Invalid input
+ends with one line on stderr and exit status 2 before anything starts; a failed job ends with a
+failure report and a non-zero status.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -23,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
 log = logging.getLogger("launcher")
 
 
-def plugins_command(argv: Sequence[str]) -> int:
+def plugins_command(argv: Sequence[str], autoload: bool | None = None) -> int:
     """``launcher plugins [--json]``: every installed plugin and what it provides."""
     import json
 
@@ -33,7 +35,7 @@ def plugins_command(argv: Sequence[str]) -> int:
     unknown = [arg for arg in argv if arg not in ("--json",)]
     if unknown:
         raise UsageError(f"launcher plugins: unknown argument {quote(unknown[0])}; usage: launcher plugins [--json]")
-    rows = registration_rows(get_plugin_manager())
+    rows = registration_rows(get_plugin_manager(autoload=autoload))
     if "--json" in argv:
         print(json.dumps([row.as_json() for row in rows], indent=2))
         return 0
@@ -76,13 +78,21 @@ def run(argv: Sequence[str]) -> int:
     (a :class:`UsageError`, exit status 2) before the agent starts anything.
     """
     from launcher.command_line import config_from_args
-    from launcher.options import parse_args
+    from launcher.options import check_environment, parse_args
     from launcher.plugins.manager import get_plugin_manager
 
+    autoload = check_environment(os.environ)
     if list(argv[:1]) == ["plugins"]:
-        return plugins_command(argv[1:])
+        return plugins_command(argv[1:], autoload)
+    if list(argv[:1]) == ["stacks"]:  # launcher stacks PID|LOGDIR: a running job's stacks
+        from launcher.hangs.ondemand import stacks_command
+
+        return stacks_command(argv[1:])
     args = parse_args(argv)
-    manager = get_plugin_manager()
+    from launcher.agent.containment import warm_up
+
+    warm_up()  # the kernel's wait before the agent can move into the job's cgroup, paid meanwhile
+    manager = get_plugin_manager(autoload=autoload)
     from launcher.clusters.apply import apply_cluster
 
     apply_cluster(args, manager)  # fills only the flags the command line left out
@@ -93,7 +103,7 @@ def run(argv: Sequence[str]) -> int:
                       device_provider=command_line.device_provider)
     from launcher.agent.agent import Agent
 
-    result = Agent(plan).run()
+    result = Agent(plan, own_process=True).run()  # the agent may contain its job in this process's cgroup
     if result.report is not None:
         sys.stderr.write(result.report.render().rstrip("\n") + "\n")
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
@@ -110,12 +120,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = run(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
         # one_line: a value with a line break or control character must not split the message.
-        sys.stderr.write(f"launcher: error: {one_line(str(exc))}\n")
+        _write_stderr(f"launcher: error: {one_line(str(exc))}\n")
         code = exc.exit_code
     except LaunchError as exc:
-        sys.stderr.write(f"launcher: {exc}\n")
+        _write_stderr(f"launcher: {exc}\n")
         code = exc.exit_code
     except KeyboardInterrupt:
         code = 130
-    sys.stdout.flush()
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # stdout full or closed
+        sys.stdout.flush()
     sys.exit(code)
+
+
+def _write_stderr(text: str) -> None:
+    """Write ``text`` to stderr; a full, closed or missing stderr (``2>/dev/full``, ``2>&-``) must
+    not turn the exit status into another one (a usage error is 2 whether or not it could be said)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()
