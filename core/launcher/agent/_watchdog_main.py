@@ -46,10 +46,11 @@ def process_stat(pid: int) -> tuple[int, int] | None:
     return int(fields[1]), int(fields[3])
 
 
-def descendants(roots: list[int]) -> set[int]:
-    """``roots`` and every process below them, by the kernel's children lists (no full scan)."""
+def descendants(roots: list[int], stop: set[int] | frozenset[int] = frozenset()) -> set[int]:
+    """``roots`` and every process below them, by the kernel's children lists (no full scan),
+    never entering a process in ``stop``."""
     found: set[int] = set()
-    pending = list(roots)
+    pending = [pid for pid in roots if pid not in stop]
     while pending:
         pid = pending.pop()
         if pid in found:
@@ -62,7 +63,7 @@ def descendants(roots: list[int]) -> set[int]:
         for task in tasks:
             try:
                 with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
-                    pending.extend(int(child) for child in handle.read().split())
+                    pending.extend(child for child in map(int, handle.read().split()) if child not in stop)
             except OSError:
                 pass
     return found

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.agent.barrier import exit_barrier
 from launcher.agent.environment import worker_environment
 from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
-from launcher.agent.membership import await_lost_nodes, lost_since, membership_changed
+from launcher.agent.membership import await_lost_nodes, lost_since, membership_changed, regrouping_for_joiners
 from launcher.agent.preload import Preloader, start_preloader
 from launcher.agent.ranks import assign_ranks
 from launcher.agent.reporting import NodeReporter
@@ -255,6 +255,8 @@ class Agent:
             if self._hangs is not None:
                 self._hangs.detach()
             multi = info.group_world_size > 1
+            if hang is None and multi and regrouping_for_joiners(handler, self._emit):
+                continue
             if remaining_restarts == 0 and multi and await_lost_nodes(handler, plan, self._emit, info):
                 continue  # a node left: re-form without counting a restart
             if remaining_restarts > 0:

@@ -48,7 +48,7 @@ import sys
 import time
 from collections.abc import Callable, Collection
 
-from launcher.agent._watchdog_main import cgroup_kill, cgroup_pids, cgroup_remove, move_to_cgroup
+from launcher.agent._watchdog_main import cgroup_kill, cgroup_pids, cgroup_remove, descendants, move_to_cgroup
 
 log = logging.getLogger("launcher.agent")
 
@@ -267,28 +267,6 @@ def _stop_warming() -> None:
     warmer, _warmer = _warmer, None
     if warmer is not None:
         warmer.stop()
-
-
-def tree(roots: Collection[int], stop: Collection[int] = ()) -> set[int]:
-    """``roots`` and every process below them, by the kernel's children lists, not entering ``stop``."""
-    found: set[int] = set()
-    pending = [pid for pid in roots if pid not in stop]
-    while pending:
-        pid = pending.pop()
-        if pid in found:
-            continue
-        found.add(pid)
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
-                    pending.extend(child for child in map(int, handle.read().split()) if child not in stop)
-            except OSError:
-                pass
-    return found
 
 
 class Containment:
@@ -561,11 +539,11 @@ class Containment:
                     info = _stat(pid)
                     if pid in helpers or (info is not None and info[2] == self._sid):
                         roots.append(pid)
-                doomed -= tree(roots, stop=spare)
+                doomed -= descendants(roots, stop=set(spare))
         elif self.mode == "subreaper":
             live, exited = self._adopted_children({*spare, *helpers})
             self._reap(exited)
-            doomed = tree(live, stop=spare)
+            doomed = descendants(live, stop=set(spare))
         else:
             return set()
         doomed -= set(spare)

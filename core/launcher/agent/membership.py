@@ -80,6 +80,25 @@ def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callabl
         time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
+def regrouping_for_joiners(handler: RendezvousHandler, emit: Callable[..., None]) -> bool:
+    """After a worker failure on a multi-node job: is the group re-forming for a joining node?
+
+    The node that first sees a node waiting to join stops its workers at once; its peers'
+    collectives then break before those peers poll the rendezvous, so their workers fail. That
+    failure is the re-forming, not the job's: such a node re-forms too, without counting a restart.
+    """
+    try:
+        waiting = handler.num_nodes_waiting()
+    except (StoreError, RendezvousError, OSError):
+        return False
+    if waiting > 0:
+        log.warning("workers failed while %d node(s) are waiting to join (the group is re-forming); re-forming too, "
+                    "without counting a restart", waiting)
+        emit("membership_changed", lost=[], waiting=waiting)
+        return True
+    return False
+
+
 def lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> set[str]:
     """Participants of ``previous`` that are not in ``current`` (empty when either is unknown)."""
     if not previous.participants or not current.participants:

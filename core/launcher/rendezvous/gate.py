@@ -2,7 +2,8 @@
 
 While a round is open, the site's policy applies (``--rdzv-conf join_networks`` and
 ``secret_file``; anyone when neither is set). Once a round is closed, the store serves only its
-participants' addresses, this host and loopback: :class:`StoreGate` calls
+participants' addresses (and those of earlier rounds' participants: a node stays admitted for
+the job's life once it took part), this host and loopback: :class:`StoreGate` calls
 :meth:`~launcher.store.server.StoreServer.restrict_to` when this node reads that a round was
 sealed, and lifts the restriction when this node takes part in a newer round. An agent that
 arrives while the job runs then either proves the shared secret (when one is configured) and
@@ -86,6 +87,10 @@ class StoreGate:
         #: The round the store is restricted to, or ``None`` while a round is open.
         self.restricted: int | None = None
         self._announced: frozenset[Any] = frozenset()  # refused joiners already counted
+        #: Addresses of every participant of every sealed round so far: a node stays admitted for
+        #: the job's life once it took part, so one that is late for a new round (still stopping
+        #: its workers when the round sealed without it) can still reach the store to join the next.
+        self._members: set[str] = set()
 
     def round_opened(self, r: int) -> None:
         """This node takes part in round ``r`` (open): lift a restriction from an older round."""
@@ -104,11 +109,13 @@ class StoreGate:
         ips = member_addresses(addresses, self._run_id, "the rendezvous store")
         if ips is None:
             return
+        self._members.update(ips)
         # With a secret, an agent proving it may still ask to join (a late node of this round).
-        self._server.restrict_to(ips, authenticated_joiners=True)
+        self._server.restrict_to(sorted(self._members), authenticated_joiners=True)
         self.restricted = r
         self._announced = frozenset()
-        log.debug("rendezvous %r: round %d closed; the store serves only %s", self._run_id, r, ", ".join(ips))
+        log.debug("rendezvous %r: round %d closed; the store serves only the job's nodes %s", self._run_id, r,
+                  ", ".join(sorted(self._members)))
 
     def new_joiners(self) -> int:
         """Agents refused lately only because the round is closed, that the site policy would
