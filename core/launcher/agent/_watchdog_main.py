@@ -32,8 +32,8 @@ import time
 TOKEN_VARIABLE = "LAUNCHER_JOB_TOKEN"
 
 
-def process_stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, session id) of a process, or None if it is gone (a zombie is gone: it cannot be killed)."""
+def proc_stat(pid: int | str) -> tuple[str, int, int] | None:
+    """(state, ppid, session id) of a process, zombies included; None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
@@ -41,9 +41,15 @@ def process_stat(pid: int) -> tuple[int, int] | None:
         return None
     # The command name may hold spaces and parentheses: parse after the last ')'.
     fields = data[data.rfind(b")") + 2 :].split()
-    if fields[0] == b"Z":  # waits for its new parent to reap it, which may take a while
+    return fields[0].decode(), int(fields[1]), int(fields[3])
+
+
+def process_stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, session id) of a process, or None if it is gone (a zombie is gone: it cannot be killed)."""
+    info = proc_stat(pid)
+    if info is None or info[0] == "Z":  # a zombie waits for its new parent to reap it, which may take a while
         return None
-    return int(fields[1]), int(fields[3])
+    return info[1], info[2]
 
 
 def descendants(roots: list[int], stop: set[int] | frozenset[int] = frozenset()) -> set[int]:

@@ -48,7 +48,14 @@ import sys
 import time
 from collections.abc import Callable, Collection
 
-from launcher.agent._watchdog_main import cgroup_kill, cgroup_pids, cgroup_remove, descendants, move_to_cgroup
+from launcher.agent._watchdog_main import (
+    cgroup_kill,
+    cgroup_pids,
+    cgroup_remove,
+    descendants,
+    move_to_cgroup,
+    proc_stat,
+)
 
 log = logging.getLogger("launcher.agent")
 
@@ -146,17 +153,6 @@ def requested_mode() -> str:
         log.warning("%s=%s is not one of %s: using auto", MODE_VARIABLE, value, ", ".join(MODES))
         return "auto"
     return value
-
-
-def _stat(pid: int | str) -> tuple[str, int, int] | None:
-    """(state, ppid, session id) of a process, zombies included; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()
-    return fields[0].decode(), int(fields[1]), int(fields[3])
 
 
 def own_children() -> list[int]:
@@ -483,7 +479,7 @@ class Containment:
         for pid in own_children():
             if pid in spare:
                 continue
-            info = _stat(pid)
+            info = proc_stat(pid)
             if info is None or info[2] == self._sid:
                 continue
             (exited if info[0] in ("Z", "X") else live).append(pid)
@@ -536,7 +532,7 @@ class Containment:
                 for pid in own_children():
                     if pid in spare:
                         continue
-                    info = _stat(pid)
+                    info = proc_stat(pid)
                     if pid in helpers or (info is not None and info[2] == self._sid):
                         roots.append(pid)
                 doomed -= descendants(roots, stop=set(spare))
@@ -547,7 +543,7 @@ class Containment:
         else:
             return set()
         doomed -= set(spare)
-        return {pid for pid in doomed if (_stat(pid) or ("X",))[0] not in ("Z", "X")}
+        return {pid for pid in doomed if (proc_stat(pid) or ("X",))[0] not in ("Z", "X")}
 
     def sweep(self, spare: Collection[int] = (), helpers: Collection[int] = (), timeout: float = 5.0) -> set[int]:
         """SIGKILL what the job's ended workers left (see the module docstring), until none is left;
