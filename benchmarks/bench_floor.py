@@ -9,9 +9,15 @@ line, read from the workers' own clocks; each is the median of ``--runs`` runs. 
 launcher <= 1.5x the floor.
 
 ``--explain`` also runs launcher once under ``python -X importtime`` and prints where its own
-start-up goes: the import time of each top-level package and the costliest modules.
+start-up goes: the import time of each top-level package and the costliest modules, and the time
+spent creating dataclasses before the first worker starts (measured in-process, without
+``importtime``'s overhead).
 
-Usage: ``python benchmarks/bench_floor.py [--runs 15] [--explain] [--json benchmarks/results/floor.json]``
+``--bounds`` adds the floor program after importing only standard modules any Python launcher needs
+(``floor_imports.py``), then those plus ``typing`` and ``dataclasses``, then plus ``pluggy``: what a
+launcher that did nothing else would cost, so the goal can be read against what Python itself charges.
+
+Usage: ``python benchmarks/bench_floor.py [--runs 15] [--explain] [--bounds] [--json benchmarks/results/floor.json]``
 """
 
 from __future__ import annotations
@@ -41,13 +47,58 @@ with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as f:
 """
 
 
-def commands(python: Path) -> dict[str, list[str]]:
+#: ``--bounds``: the floor after these imports (cumulative).
+STDLIB = "subprocess,selectors,socket,threading,signal,logging,argparse"
+BOUNDS = {
+    "floor+stdlib": STDLIB,
+    "floor+stdlib+typing,dataclasses": f"{STDLIB},typing,dataclasses",
+    "floor+stdlib+typing,dataclasses+pluggy": f"{STDLIB},typing,dataclasses,pluggy",
+}
+
+
+def commands(python: Path, bounds: bool = False) -> dict[str, list[str]]:
     flags = ["--standalone", "--nproc-per-node", str(NPROC)]
-    return {
+    tools = {
         "floor": [str(python), str(ROOT / "benchmarks" / "floor.py"), str(NPROC)],
         "launcher": [str(VENV / "bin" / "launcher"), *flags],
         "torchrun": [str(VENV / "bin" / "torchrun"), *flags],
     }
+    if bounds:
+        for name, modules in BOUNDS.items():
+            tools[name] = [str(python), str(ROOT / "benchmarks" / "floor_imports.py"), modules, str(NPROC)]
+    return tools
+
+
+#: Run in the venv's Python: launcher's command line, timing every dataclass created until the
+#: first worker starts.
+_DATACLASS_PROBE = """
+import dataclasses, json, sys, time
+script, out = sys.argv[1], sys.argv[2]
+spent, started = [0.0, 0], []
+create = dataclasses._process_class
+def timed(cls, *args):
+    begin = time.perf_counter()
+    try:
+        return create(cls, *args)
+    finally:
+        if not started:
+            spent[0] += time.perf_counter() - begin
+            spent[1] += 1
+dataclasses._process_class = timed
+sys.addaudithook(lambda event, args: started.append(1) if event == "subprocess.Popen" and script in args[1] else None)
+from launcher.cli import main
+try:
+    main(["--standalone", "--nproc-per-node", sys.argv[3], script, out])
+finally:
+    print(json.dumps({"ms": round(spent[0] * 1000, 1), "classes": spent[1]}), file=sys.__stderr__)
+"""
+
+
+def dataclass_time(python: Path, script: Path, work: Path) -> dict[str, float]:
+    """Milliseconds spent creating dataclasses before launcher's first worker starts, and how many."""
+    result = subprocess.run([str(python), "-c", _DATACLASS_PROBE, str(script), str(work), str(NPROC)],
+                            env=clean_env(), capture_output=True, text=True, timeout=300)
+    return dict(json.loads(result.stderr.strip().splitlines()[-1]))
 
 
 def clean_env() -> dict[str, str]:
@@ -89,7 +140,10 @@ def explain(python: Path, script: Path, work: Path) -> dict[str, object]:
     print("costliest modules (own time):")
     for ms, name in sorted(modules, reverse=True)[:15]:
         print(f"  {ms:7.1f} ms  {name}")
-    return {"imports_ms": round(total, 1),
+    dataclasses = dataclass_time(python, script, work)
+    print(f"dataclasses created before the first worker starts: {dataclasses['classes']:.0f}, "
+          f"{dataclasses['ms']:.1f} ms (in-process, no importtime)")
+    return {"imports_ms": round(total, 1), "dataclasses_before_first_worker": dataclasses,
             "by_package_ms": {k: round(v, 1) for k, v in sorted(by_package.items(), key=lambda i: -i[1])[:12]}}
 
 
@@ -97,10 +151,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--explain", action="store_true", help="also show where launcher's start-up goes")
+    parser.add_argument("--bounds", action="store_true",
+                        help="also time the floor after the imports any Python launcher pays (floor_imports.py)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "floor.json"))
     args = parser.parse_args()
     python = ensure_venv()
-    tools = commands(python)
+    tools = commands(python, args.bounds)
     samples: dict[str, list[float]] = {tool: [] for tool in tools}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -117,6 +173,8 @@ def main() -> None:
         "title": f"{NPROC} no-op workers: invoke -> last worker's first line",
         "unit": "s",
         **{f"{tool}_median": round(value, 4) for tool, value in medians.items()},
+        **{f"{tool}_over_floor": round(value / medians["floor"], 3) for tool, value in medians.items()
+           if tool in BOUNDS},
         "launcher_over_floor": round(medians["launcher"] / medians["floor"], 3),
         "torchrun_over_floor": round(medians["torchrun"] / medians["floor"], 3),
         "launcher_over_torchrun": round(medians["launcher"] / medians["torchrun"], 3),
@@ -126,9 +184,10 @@ def main() -> None:
     }
     if explained is not None:
         results["explain"] = explained
-    print(f"\n{'tool':10s} | {'median':>9s} | over the floor")
+    width = max(len(tool) for tool in medians)
+    print(f"\n{'tool':{width}s} | {'median':>9s} | over the floor")
     for tool, value in medians.items():
-        print(f"{tool:10s} | {value * 1000:7.1f}ms | {value / medians['floor']:.2f}x"
+        print(f"{tool:{width}s} | {value * 1000:7.1f}ms | {value / medians['floor']:.2f}x"
               + (f" (goal <= {GOAL}x)" if tool == "launcher" else ""))
     results["meta"] = {"nproc_per_node": NPROC, "python": sys.version.split()[0], "cpus": os.cpu_count(),
                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

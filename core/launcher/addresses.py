@@ -7,7 +7,7 @@ only, and cheap to import: the command line's path uses it.
 
 from __future__ import annotations
 
-__all__ = ["LOOPBACK_NAMES", "format_address", "is_loopback"]
+__all__ = ["LOOPBACK_NAMES", "format_address", "is_loopback", "lookup_name"]
 
 #: Host names that mean this machine's loopback interface (as /etc/hosts conventionally has them).
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
@@ -16,6 +16,13 @@ LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost
 def format_address(host: str, port: int) -> str:
     """``host:port``, with IPv6 literals in brackets (``[::1]:29500``)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def lookup_name(host: str) -> str | bytes:
+    """``host`` as :func:`socket.getaddrinfo` should get it: an ASCII name as bytes, passed on
+    as is; other names as text, which the socket module encodes with the IDNA codec. Loading that
+    codec costs milliseconds, which every launch would pay for ``localhost`` otherwise."""
+    return host.encode("ascii") if host.isascii() else host
 
 
 def is_loopback(host: str) -> bool:

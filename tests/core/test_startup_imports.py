@@ -35,3 +35,44 @@ def test_standalone_launch_does_not_import_torch_in_the_agent(write_script):
     modules = _imported_modules(["--standalone", "--nproc-per-node", "2", script])
     assert "launcher.agent.agent" in modules
     assert not [m for m in modules if m.split(".")[0] == "torch"]
+
+
+#: Modules a plain launch needs only once its workers run, or never: loading them before the
+#: first worker starts costs every launch time (see benchmarks/bench_floor.py).
+OFF_THE_START_PATH = (
+    "json", "glob", "encodings.idna", "launcher.plugins.listing", "launcher.clusters.api",
+    "launcher.agent.barrier", "launcher.agent.membership", "launcher.failures.report",
+    "launcher.failures.oom", "launcher.hangs.monitor", "torch",
+)
+
+_MODULES_AT_FIRST_START = """
+import json, sys
+script, out = sys.argv[1], sys.argv[2]
+seen = []
+def hook(event, args):
+    if event == "subprocess.Popen" and script in args[1] and not seen:
+        seen.append(sorted(sys.modules))
+sys.addaudithook(hook)
+base = set(sys.modules)
+from launcher.cli import main
+try:
+    main(["--standalone", "--nproc-per-node", "2", script])
+finally:
+    with open(out, "w") as handle:
+        json.dump(sorted(set(seen[0]) - base) if seen else None, handle)
+"""
+
+
+def test_modules_loaded_before_the_first_worker_starts(write_script, tmp_path):
+    import json
+
+    script = write_script("noop.py", "pass\n")
+    out = tmp_path / "modules.json"
+    result = subprocess.run([sys.executable, "-c", _MODULES_AT_FIRST_START, script, str(out)],
+                            env=launcher_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    modules = json.loads(out.read_text())
+    assert modules is not None, "no worker was started"
+    assert "launcher.agent.group" in modules
+    early = [name for name in OFF_THE_START_PATH if name in modules]
+    assert not early, f"loaded before the first worker starts: {early}"

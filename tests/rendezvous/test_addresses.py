@@ -44,3 +44,14 @@ def test_one_address_writer() -> None:
     assert endpoint.is_loopback is is_loopback
     assert format_address("::1", 29500) == "[::1]:29500"
     assert format_address("node-a", 1) == "node-a:1"
+
+
+def test_lookup_name_passes_ascii_names_as_bytes_and_resolves_them():
+    import socket
+
+    from launcher.addresses import lookup_name
+
+    assert lookup_name("localhost") == b"localhost"
+    assert lookup_name("127.0.0.1") == b"127.0.0.1"
+    assert lookup_name("bücher.example") == "bücher.example"  # left to the IDNA codec
+    assert socket.getaddrinfo(lookup_name("localhost"), None, type=socket.SOCK_STREAM)

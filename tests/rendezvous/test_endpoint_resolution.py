@@ -18,7 +18,9 @@ def _resolver(monkeypatch: pytest.MonkeyPatch, answers: dict[str, object]) -> li
     """getaddrinfo answering from ``answers`` (an errno to raise, ``"hang"``, or anything for success)."""
     asked: list[str] = []
 
-    def getaddrinfo(host: str, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+    def getaddrinfo(host: str | bytes, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        # ASCII names come as bytes (launcher.addresses.lookup_name), as the socket module allows.
+        host = host.decode() if isinstance(host, bytes) else host
         asked.append(host)
         answer = answers.get(host)
         if answer == "hang":

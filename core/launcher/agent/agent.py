@@ -24,11 +24,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from launcher.agent.barrier import exit_barrier
 from launcher.agent.environment import worker_environment
 from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
-from launcher.agent.membership import await_lost_nodes, lost_since, membership_changed, regrouping_for_joiners
-from launcher.agent.preload import Preloader, start_preloader
 from launcher.agent.ranks import assign_ranks
 from launcher.agent.reporting import NodeReporter
 from launcher.agent.result import AgentResult, WatchOutcome
@@ -43,6 +40,7 @@ from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.preload import Preloader
     from launcher.events.bus import EventBus
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
@@ -119,7 +117,10 @@ class Agent:
                 if not watchdog.start():
                     log.warning("cannot start the watchdog: workers will die with the agent, their children may not")
                 # --preload: the template's imports overlap the rendezvous (launcher.agent.preload).
-                self._preload = start_preloader(plan, watchdog)
+                if plan.workers.preload:
+                    from launcher.agent.preload import start_preloader
+
+                    self._preload = start_preloader(plan, watchdog)
                 if self._preload is not None:
                     stack.callback(self._preload.close)
                 handler = self._handler if self._handler is not None else plan.rendezvous.create_handler()
@@ -210,10 +211,10 @@ class Agent:
         charged = False
         while True:
             info = self._rendezvous(handler)
-            if charged and previous is not None and lost_since(previous, info):
+            if charged and previous is not None and self._left_since(previous, info):
                 # The failure that used a restart came from a node leaving (peers' collectives
                 # break before heartbeats time out): re-forming costs no restart.
-                lost = ", ".join(sorted(lost_since(previous, info)))
+                lost = ", ".join(sorted(self._left_since(previous, info)))
                 log.warning("node(s) %s left the job: the last restart is not counted", lost)
                 remaining_restarts += 1
                 self._restart_count -= 1
@@ -221,6 +222,10 @@ class Agent:
             previous = info
             report.joined(info, handler)
             group = self._start(info, pump, watchdog)
+            # Loaded once the workers run: off the path to their first start.
+            from launcher.agent.barrier import exit_barrier
+            from launcher.agent.membership import await_lost_nodes, regrouping_for_joiners
+
             outcome, failed = self._watch(group, handler)
             if outcome is WatchOutcome.SIGNAL:
                 return self._forward_signal(info, handler, group)
@@ -278,6 +283,12 @@ class Agent:
                                        oom_watch=self._oom_watch)
             self._emit("job_failed", reason="hang" if hang is not None else "worker failure", failures=len(failures))
             return result
+
+    @staticmethod
+    def _left_since(previous: RendezvousInfo, info: RendezvousInfo) -> set[str]:
+        from launcher.agent.membership import lost_since
+
+        return lost_since(previous, info)
 
     def _close_group(self, group: WorkerGroup) -> None:
         group.close()
@@ -407,6 +418,8 @@ class Agent:
         # Exits are seen at once; this interval only paces questions to the rendezvous store.
         # At least a second apart: each check is a few store reads, and with thousands of nodes
         # asking ten times a second the store would serve little else.
+        from launcher.agent.membership import membership_changed  # loaded once the workers run
+
         interval = max(self.plan.monitor_interval, MIN_MEMBERSHIP_INTERVAL)
         next_check = time.monotonic() + interval
         while True:

@@ -11,6 +11,19 @@ and ``PET_*`` variables always win. See ``docs/clusters/``.
 The modules here import only the standard library: detection runs on every launch.
 """
 
-from launcher.clusters.api import ClusterError, ClusterInfo, derived_port
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.clusters.api import ClusterError, ClusterInfo, derived_port
 
 __all__ = ["ClusterError", "ClusterInfo", "derived_port"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: ``--cluster auto`` imports this package on every launch, and where no
+    # scheduler is found the records are never needed.
+    if name in __all__:
+        from launcher.clusters import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'launcher.clusters' has no attribute {name!r}")

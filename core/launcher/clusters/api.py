@@ -6,6 +6,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from launcher.addresses import lookup_name
 from launcher.errors import UsageError
 
 #: Ports derived from a job id fall in ``[PORT_BASE, PORT_BASE + PORT_SPAN)``: below the usual
@@ -84,6 +85,6 @@ def resolves(host: str) -> bool:
     import socket
 
     try:
-        return bool(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+        return bool(socket.getaddrinfo(lookup_name(host), None, type=socket.SOCK_STREAM))
     except (OSError, UnicodeError):
         return False

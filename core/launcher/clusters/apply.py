@@ -12,12 +12,14 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from launcher.clusters.api import ClusterInfo
 from launcher.errors import UsageError
-from launcher.plugins.listing import unique_registrations
 from launcher.plugins.manager import LauncherPluginManager
 from launcher.plugins.types import ClusterEnvironment
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.clusters.api import ClusterInfo
 
 # The rendezvous logger: its INFO lines are shown by default (cli._setup_logging).
 log = logging.getLogger("launcher.rendezvous.cluster")
@@ -40,7 +42,7 @@ def given_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> set[str
 
 def environments(manager: LauncherPluginManager) -> list[ClusterEnvironment]:
     """Every registered cluster environment, in the order ``auto`` tries them."""
-    unique = [provided.registration for provided in unique_registrations(manager, ClusterEnvironment)]
+    unique = [provided.registration for provided in manager.unique_registrations(ClusterEnvironment)]
     return sorted(unique, key=lambda reg: (reg.priority, reg.name))
 
 

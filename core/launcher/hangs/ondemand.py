@@ -15,8 +15,6 @@ its start time, or a process running ``launcher``) that catches it (``SigCgt`` i
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
 import os
 import signal
 import sys
@@ -154,6 +152,8 @@ def looks_like_agent(pid: int) -> bool:
 
 def write_agent_file(directory: str, *, node: str, run_id: str) -> str:
     """Record this agent in ``directory`` for ``launcher stacks``; the file's path."""
+    import json  # here and below: every launch imports this module, few get this far
+
     path = os.path.join(directory, AGENT_FILE)
     data = {"pid": os.getpid(), "start_time": start_time(os.getpid()), "node": node, "run_id": run_id,
             "signal": int(DUMP_SIGNAL)}
@@ -166,6 +166,8 @@ def write_agent_file(directory: str, *, node: str, run_id: str) -> str:
 
 def _live_agent(path: str) -> dict[str, Any] | None:
     """The record in ``path`` if its agent still runs (same pid and start time), else ``None``."""
+    import json
+
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
@@ -182,6 +184,8 @@ def _live_agent(path: str) -> dict[str, Any] | None:
 def find_agents(path: str) -> list[dict[str, Any]]:
     """The running agents recorded in ``path`` (a run log directory) or in its subdirectories
     (a ``--log-dir`` shared by several jobs or agents)."""
+    import glob
+
     own = os.path.join(path, AGENT_FILE)
     candidates = [own] if os.path.exists(own) else sorted(glob.glob(os.path.join(glob.escape(path), "*", AGENT_FILE)))
     return [agent for agent in map(_live_agent, candidates) if agent is not None]
@@ -191,6 +195,8 @@ def find_agents(path: str) -> list[dict[str, Any]]:
 
 
 def _stacks_files(directory: str) -> set[str]:
+    import glob
+
     return set(glob.glob(os.path.join(glob.escape(directory), "stacks_attempt_*.txt")))
 
 

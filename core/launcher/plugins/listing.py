@@ -41,10 +41,7 @@ class RegistrationRow:
 
 def unique_registrations(manager: LauncherPluginManager, cls: type[R]) -> list[Provided[R]]:
     """Every registration of kind ``cls`` once (aliases collapsed), in registration order."""
-    unique: dict[int, Provided[R]] = {}
-    for provided in manager.registrations(cls).values():
-        unique.setdefault(id(provided.registration), provided)
-    return list(unique.values())
+    return manager.unique_registrations(cls)
 
 
 def registration_rows(manager: LauncherPluginManager) -> list[RegistrationRow]:

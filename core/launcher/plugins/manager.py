@@ -366,6 +366,13 @@ class LauncherPluginManager(pluggy.PluginManager):
             self._cache[cls] = cast("dict[str, Provided[Registration]]", self._collect(cls))
         return cast("dict[str, Provided[R]]", self._cache[cls])
 
+    def unique_registrations(self, cls: type[R]) -> list[Provided[R]]:
+        """Every registration of kind ``cls`` once (aliases collapsed), in registration order."""
+        unique: dict[int, Provided[R]] = {}
+        for provided in self.registrations(cls).values():
+            unique.setdefault(id(provided.registration), provided)
+        return list(unique.values())
+
     def names(self, cls: type[Registration]) -> list[str]:
         """Sorted names (aliases included) available for kind ``cls``."""
         return sorted(self.registrations(cls))

@@ -27,7 +27,7 @@ import socket
 import time
 from typing import Any
 
-from launcher.addresses import is_loopback
+from launcher.addresses import is_loopback, lookup_name
 from launcher.errors import UsageError
 from launcher.rendezvous.api import RendezvousConfigError, RendezvousError, RendezvousParameters
 from launcher.rendezvous.config import CONFIG_KEYS, DynamicRendezvousConfig
@@ -96,7 +96,7 @@ def is_local_host(host: str, local_addr: str | None = None) -> bool:
     if name == hostname or hostname.startswith(name + "."):
         return True
     try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(lookup_name(name), None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         infos = []
     for family, _, _, _, sockaddr in infos:
@@ -112,7 +112,7 @@ def is_local_host(host: str, local_addr: str | None = None) -> bool:
 
 def _resolve(host: str, port: int) -> list[tuple[Any, ...]]:
     try:
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return socket.getaddrinfo(lookup_name(host), port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise RendezvousError(

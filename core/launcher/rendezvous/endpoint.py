@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from launcher.addresses import format_address, is_loopback
+from launcher.addresses import format_address, is_loopback, lookup_name
 from launcher.errors import UsageError
 from launcher.values import quote
 
@@ -113,7 +113,7 @@ def check_resolvable(hosts: Sequence[str], what: str, wait: float = RESOLVE_WAIT
     def resolve() -> None:
         for name in lookups:
             try:
-                socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+                socket.getaddrinfo(lookup_name(name), None, type=socket.SOCK_STREAM)
             except socket.gaierror as exc:
                 if exc.errno not in definitive:
                     return  # a temporary failure: cannot tell

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from launcher.addresses import lookup_name
+
 __all__ = [
     "AUTH_HELLO",
     "AUTH_PROOF",
@@ -145,7 +147,7 @@ def resolve_addresses(addresses: Iterable[str]) -> frozenset[IPAddress]:
         except ValueError:
             pass
         try:
-            infos = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(lookup_name(host), None, socket.AF_UNSPEC, socket.SOCK_STREAM)
         except OSError as exc:
             raise ValueError(f"cannot resolve store member {host!r}: {exc}") from None
         for info in infos:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypeVar
 
+from launcher.addresses import lookup_name
 from launcher.store.admission import (
     Admission,
     IPAddress,
@@ -360,7 +361,8 @@ class StoreServer(ServeLoop):
             candidates.append((socket.AF_INET, ("0.0.0.0", port)))
         else:
             try:
-                infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+                infos = socket.getaddrinfo(lookup_name(host), port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                                           socket.AI_PASSIVE)
             except socket.gaierror as exc:
                 raise StoreError(f"cannot listen on {self._requested_address()}: {exc}") from exc
             candidates = [(family, tuple(addr)) for family, _, _, _, addr in infos]
