@@ -8,6 +8,7 @@ device kind. Every problem is a :class:`~launcher.errors.UsageError`: one line, 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,8 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _which(program: str) -> str | None:
-    import shutil  # off the start-up path: it pulls in the compression modules
-
     return shutil.which(program)
 
 

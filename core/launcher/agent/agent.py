@@ -211,13 +211,16 @@ class Agent:
         charged = False
         while True:
             info = self._rendezvous(handler)
-            if charged and previous is not None and self._left_since(previous, info):
-                # The failure that used a restart came from a node leaving (peers' collectives
-                # break before heartbeats time out): re-forming costs no restart.
-                lost = ", ".join(sorted(self._left_since(previous, info)))
-                log.warning("node(s) %s left the job: the last restart is not counted", lost)
-                remaining_restarts += 1
-                self._restart_count -= 1
+            if charged and previous is not None:
+                from launcher.agent.membership import lost_since  # only after a restart
+
+                left = lost_since(previous, info)
+                if left:
+                    # The failure that used a restart came from a node leaving (peers' collectives
+                    # break before heartbeats time out): re-forming costs no restart.
+                    log.warning("node(s) %s left the job: the last restart is not counted", ", ".join(sorted(left)))
+                    remaining_restarts += 1
+                    self._restart_count -= 1
             charged = False
             previous = info
             report.joined(info, handler)
@@ -283,12 +286,6 @@ class Agent:
                                        oom_watch=self._oom_watch)
             self._emit("job_failed", reason="hang" if hang is not None else "worker failure", failures=len(failures))
             return result
-
-    @staticmethod
-    def _left_since(previous: RendezvousInfo, info: RendezvousInfo) -> set[str]:
-        from launcher.agent.membership import lost_since
-
-        return lost_since(previous, info)
 
     def _close_group(self, group: WorkerGroup) -> None:
         group.close()

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from launcher.devices.errors import DeviceUnavailableError
 from launcher.errors import UsageError
 from launcher.plugins.errors import PluginNotFoundError
-from launcher.plugins.listing import unique_registrations
 from launcher.plugins.types import DeviceProvider
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
@@ -45,7 +44,7 @@ _DEFAULT_VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 
 def registered_providers(manager: LauncherPluginManager) -> list[DeviceProvider]:
     """Every registered device provider once (aliases collapsed), in registration order."""
-    return [provided.registration for provided in unique_registrations(manager, DeviceProvider)]
+    return [provided.registration for provided in manager.unique_registrations(DeviceProvider)]
 
 
 def _find_provider(name: str, manager: LauncherPluginManager) -> DeviceProvider:

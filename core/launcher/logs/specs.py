@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 
@@ -141,8 +142,7 @@ class DefaultLogsSpecs(LogsSpecs):
             # mkdtemp: a unique name (several agents may share log_dir) and mode 0700.
             self._run_log_dir = tempfile.mkdtemp(prefix=f"{run_id}_", dir=self.root_log_dir)
         attempt_dir = os.path.join(self._run_log_dir, f"attempt_{attempt}")
-        if os.path.lexists(attempt_dir):
-            _remove_tree(attempt_dir)
+        shutil.rmtree(attempt_dir, ignore_errors=True)
         os.makedirs(attempt_dir, mode=0o700)
         for rank in range(nprocs):
             rank_dir = os.path.join(attempt_dir, str(rank))
@@ -182,12 +182,6 @@ class DefaultLogsSpecs(LogsSpecs):
         if not self._temporary or not self._root_log_dir:
             return
         if succeeded and not self._keep:
-            _remove_tree(self._root_log_dir)
+            shutil.rmtree(self._root_log_dir, ignore_errors=True)
         elif self._run_log_dir is not None:
             log.warning("worker logs kept in %s", self._run_log_dir)
-
-
-def _remove_tree(path: str) -> None:
-    import shutil  # off the start-up path: it pulls in the compression modules
-
-    shutil.rmtree(path, ignore_errors=True)

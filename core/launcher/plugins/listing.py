@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
-from launcher.plugins.provenance import Provided
-from launcher.plugins.types import REGISTRATION_CLASSES, Registration
+from launcher.plugins.types import REGISTRATION_CLASSES
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.plugins.manager import LauncherPluginManager
 
-__all__ = ["RegistrationRow", "registration_rows", "unique_registrations"]
-
-R = TypeVar("R", bound=Registration)
+__all__ = ["RegistrationRow", "registration_rows"]
 
 
 @dataclass(frozen=True)
@@ -39,16 +36,11 @@ class RegistrationRow:
         return row
 
 
-def unique_registrations(manager: LauncherPluginManager, cls: type[R]) -> list[Provided[R]]:
-    """Every registration of kind ``cls`` once (aliases collapsed), in registration order."""
-    return manager.unique_registrations(cls)
-
-
 def registration_rows(manager: LauncherPluginManager) -> list[RegistrationRow]:
     """One row per registration and per failed plugin, for ``launcher plugins``."""
     rows: list[RegistrationRow] = []
     for cls in REGISTRATION_CLASSES:
-        for provided in unique_registrations(manager, cls):
+        for provided in manager.unique_registrations(cls):
             reg, plugin = provided.registration, provided.plugin
             rows.append(
                 RegistrationRow(
