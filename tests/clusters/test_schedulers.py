@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from tests.clusters.schedulers import SlurmCluster
-from tests.conftest import launcher_env, unwrapped
+from tests.conftest import as_shown, launcher_env, unwrapped
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "clusters"
 #: ``launcher`` (the documented command) on PATH: this interpreter's.
@@ -113,12 +113,12 @@ def test_srun_with_two_launchers_per_node_says_how_to_call_it(
 
 
 def _run_doc_script(script: str, tmp_path: Path, env: dict[str, str]) -> str:
-    """Run ``script`` with bash in ``tmp_path`` (train.py, hosts); its output, after a zero exit."""
+    """Run ``script`` with bash in ``tmp_path`` (train.py, hosts); its output as shown on a screen, after exit 0."""
     path = tmp_path / "job.sh"
     path.write_text(script)
-    result = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=240, env=env,
-                            cwd=tmp_path)
-    output = result.stdout + result.stderr
+    result = subprocess.run(["bash", str(path)], capture_output=True, timeout=240, env=env, cwd=tmp_path)
+    # Bytes, not text=True: universal newlines would turn the \r of an erased line into \n.
+    output = as_shown((result.stdout + result.stderr).decode(errors="replace"))
     assert result.returncode == 0, output
     return output
 
