@@ -75,7 +75,9 @@ def run(argv: Sequence[str]) -> int:
 
     command line ─► :class:`~launcher.config.LaunchConfig` ─► :class:`~launcher.plan.LaunchPlan`
     ─► :class:`~launcher.agent.agent.Agent`: every problem with the input ends the first two steps
-    (a :class:`UsageError`, exit status 2) before the agent starts anything.
+    (a :class:`UsageError`, exit status 2) before the agent starts anything. Only the watchdog's
+    process runs by then (spawned early, see :meth:`~launcher.agent.watchdog.Watchdog.spawn`); it
+    is ended at once.
     """
     from launcher.command_line import config_from_args
     from launcher.options import check_environment, parse_args
@@ -90,20 +92,28 @@ def run(argv: Sequence[str]) -> int:
         return stacks_command(argv[1:])
     args = parse_args(argv)
     from launcher.agent.containment import warm_up
+    from launcher.agent.watchdog import Watchdog
 
     warm_up()  # the kernel's wait before the agent can move into the job's cgroup, paid meanwhile
-    manager = get_plugin_manager(autoload=autoload)
-    from launcher.clusters.apply import apply_cluster
+    # The watchdog's interpreter boots meanwhile too, on the core the plan leaves idle.
+    watchdog = Watchdog(own_process=True)
+    watchdog.spawn()
+    try:
+        manager = get_plugin_manager(autoload=autoload)
+        from launcher.clusters.apply import apply_cluster
 
-    apply_cluster(args, manager)  # fills only the flags the command line left out
-    command_line = config_from_args(args, manager)
-    from launcher.plan import build_plan
+        apply_cluster(args, manager)  # fills only the flags the command line left out
+        command_line = config_from_args(args, manager)
+        from launcher.plan import build_plan
 
-    plan = build_plan(command_line.config, manager, command_line.entrypoint(),
-                      device_provider=command_line.device_provider)
-    from launcher.agent.agent import Agent
+        plan = build_plan(command_line.config, manager, command_line.entrypoint(),
+                          device_provider=command_line.device_provider)
+        from launcher.agent.agent import Agent
 
-    result = Agent(plan, own_process=True).run()  # the agent may contain its job in this process's cgroup
+        # The agent may contain its job in this process's cgroup; it starts and stops the watchdog.
+        result = Agent(plan, own_process=True, watchdog=watchdog).run()
+    finally:
+        watchdog.dismiss()  # only if the agent never started it (refused input): nothing to watch
     if result.report is not None:
         sys.stderr.write(result.report.render().rstrip("\n") + "\n")
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):

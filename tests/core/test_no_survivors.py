@@ -686,3 +686,26 @@ def test_containment_mode_variable(monkeypatch, caplog):
     monkeypatch.setenv("LAUNCHER_CONTAINMENT", "bogus")
     assert requested_mode() == "auto"
     assert "LAUNCHER_CONTAINMENT=bogus" in caplog.text
+
+
+# -- refused input ---------------------------------------------------------------------------------
+
+
+def test_refused_input_leaves_no_watchdog(tmp_path):
+    """The command line spawns the watchdog as soon as its flags parse (its interpreter boots while
+    the plan is built): input refused after that ends it before the launcher exits."""
+    marker = f"refused-{uuid.uuid4().hex}"
+    script = tmp_path / "never.py"
+    script.write_text("raise SystemExit('a worker started')\n")
+    # The flags parse; the value is refused by the plan, after the watchdog was spawned. stderr
+    # goes to a file: a pipe would not end before every holder of it (the watchdog) had exited.
+    with open(tmp_path / "stderr", "w+") as stderr:
+        code = subprocess.run([*LAUNCHER, "--standalone", "--rdzv-conf", "timeout=-1", str(script)],
+                              env=launcher_env({"SURVIVOR_MARKER": marker}), stdout=subprocess.DEVNULL,
+                              stderr=stderr, timeout=60).returncode
+        left = _scan(marker)
+        stderr.seek(0)
+        message = stderr.read()
+    assert code == 2, message
+    assert "--rdzv-conf timeout must be" in message, message
+    assert left == {}, f"processes of the refused launch outlived it: {left}"

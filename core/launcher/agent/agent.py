@@ -59,12 +59,14 @@ class Agent:
     """Runs this node's share of a job, as ``plan`` says (see the module docstring)."""
 
     def __init__(self, plan: LaunchPlan, *, handler: RendezvousHandler | None = None,
-                 own_process: bool = False) -> None:
+                 own_process: bool = False, watchdog: Watchdog | None = None) -> None:
         """``handler`` replaces the one the plan's rendezvous backend would create (tests).
         ``own_process``: this process is the launcher's own (the command line, not the Python API),
         so the job's containment may move it into the job's cgroup or make it a child subreaper
-        (:mod:`launcher.agent.containment`)."""
+        (:mod:`launcher.agent.containment`). ``watchdog``: one already spawned for this agent (the
+        command line spawns it early, :meth:`Watchdog.spawn`); the agent starts and stops it."""
         self._own_process = own_process
+        self._watchdog = watchdog
         self.plan = plan
         self.node = plan.node
         self._handler = handler
@@ -109,7 +111,7 @@ class Agent:
 
                 stack.callback(explain_dump_signal(list(plan.signals)))
             stack.callback(self._close_oom_watch)
-            watchdog = Watchdog(own_process=self._own_process)
+            watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)
             pump = OutputPump()
             stack.callback(pump.close)

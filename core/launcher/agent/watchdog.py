@@ -11,7 +11,8 @@ watchdog cannot run do workers fall back to the parent-death signal, which kills
 but not what it started (the agent's own stop-time sweep still runs on every clean stop).
 
 The watchdog owns the job's :class:`~launcher.agent.containment.Containment`: its set-up starts
-just before the watchdog does, creates the job's cgroup only once the watchdog runs (which is told
+when the agent starts the watchdog (just before its process, or after it where the command line
+spawned the process early), creates the job's cgroup only once the watchdog runs (which is told
 where it goes, and removes it if the agent dies after creating it), and it is torn down just
 before the watchdog is told goodbye.
 """
@@ -36,28 +37,60 @@ class Watchdog:
         """``own_process``: the agent owns this process (the command line, not the Python API), so
         the containment may move it into the job's cgroup or make it a child subreaper."""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._spawned = False  # tried to start the process (it may have failed)
+        self._started = False  # start() ran: the containment is being set up
         #: Random, per agent: marks the environment of every process of this job (see ``job_env``).
         self.token = os.urandom(16).hex()
         self.containment = Containment(self.token, own_process, register=self._register)
 
+    def spawn(self) -> None:
+        """Start the watchdog's process only (once); :meth:`start` sets the containment up later.
+
+        The command line calls this as soon as its flags parse: the watchdog's interpreter then
+        boots on a core the agent leaves idle while it builds its plan, instead of beside the
+        workers as they start. Nothing of the job exists yet, so :meth:`dismiss` may end it without
+        a sweep if the plan is refused. The watchdog is told where the job's cgroup will go; it is
+        created only once the watchdog runs, so an agent killed at any point leaves nothing behind.
+        """
+        if self._spawned:
+            return
+        self._spawned = True
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", _SCRIPT, self.token, *self.containment.locate()],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            self._proc = None
+
     def start(self) -> bool:
-        """Start the watchdog (once), then the job's containment; whether the watchdog is running."""
-        if self._proc is None:
+        """Start the watchdog (unless :meth:`spawn` did), then the job's containment; whether the
+        watchdog is running."""
+        if not self._started:
+            self._started = True
             self.containment.prepare()
             try:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", _SCRIPT, self.token, *self.containment.locate()],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            except OSError:
-                return False
+                self.spawn()
             finally:
                 # Only now, with the watchdog outside it and ready to remove it.
                 self.containment.watchdog_started()
         return self.running
+
+    def dismiss(self) -> None:
+        """End a watchdog whose job never started (:meth:`start` was not called): it has nothing
+        to kill, so it is killed itself rather than told to sweep."""
+        if self._started or self._proc is None:
+            return
+        proc, self._proc = self._proc, None
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(OSError, ValueError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        proc.wait()
 
     @property
     def pid(self) -> int | None:
@@ -94,6 +127,9 @@ class Watchdog:
     def stop(self, helpers: tuple[int, ...] = ()) -> None:
         """Clean shutdown: end the job's containment (killing what is left in it), then the watchdog
         exits without killing anything."""
+        if not self._started:
+            self.dismiss()
+            return
         self.containment.close(helpers=(*helpers, *((self.pid,) if self.pid else ())))
         if self._proc is None:
             return
