@@ -168,12 +168,16 @@ def test_link_cut(make_network, start_agent):
 
 
 @pytest.mark.timeout(240)
-def test_other_node_failing_while_this_one_waits_at_the_exit_barrier(make_network, start_agent):
+def test_other_node_failing_while_this_one_waits_at_the_exit_barrier(make_network, start_agent, tmp_path):
     """Node 1's workers finish; node 0's then fail (their peers are gone). Node 1 leaves its exit
     barrier as soon as node 0 ends the job (not after exit_barrier_timeout), says why, and exits 0;
     node 0 reports its failure and node 1's ranks are not waited for."""
     net = make_network(2)
-    agents = start_pair(net, start_agent, FAILING, "barrier", env={"MN_EXIT_RANKS": "2,3"})
+    # Node 0 fails only once node 1's workers are gone (see failing_worker.py): a collective would
+    # fail as soon as they close their connections, while they still run.
+    (tmp_path / "finished").mkdir()
+    agents = start_pair(net, start_agent, FAILING, "barrier",
+                        env={"MN_EXIT_RANKS": "2,3", "MN_FAIL_AFTER_EXITS": str(tmp_path / "finished")})
     codes = wait_all(agents, 150, expect=None)
     assert codes == [1, 0], "\n".join(a.describe(80) for a in agents)
     finished = agents[1]
@@ -182,5 +186,5 @@ def test_other_node_failing_while_this_one_waits_at_the_exit_barrier(make_networ
                      finished.stderr), finished.describe(80)
     assert "Root cause" in agents[0].stderr, agents[0].describe(80)
     states = re.findall(r"^\s+[01]\s+\d+\s+\d+\s+(failed|killed by the agent)\b", agents[0].stderr, re.M)
-    assert len(states) == 2 and "failed" in states, agents[0].describe(80)  # which one fails first is a race
+    assert states == ["failed", "killed by the agent"], agents[0].describe(80)  # rank 0 fails, rank 1 is stopped
     assert_no_cpp_trace(agents)

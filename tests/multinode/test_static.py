@@ -59,12 +59,15 @@ def test_static_node_without_master_fails_within_timeout(make_network, start_age
 
 
 @pytest.mark.timeout(120)
-def test_node_that_finished_leaves_its_exit_barrier_when_the_other_node_fails(make_network, start_agent):
+def test_node_that_finished_leaves_its_exit_barrier_when_the_other_node_fails(make_network, start_agent, tmp_path):
     """Node 0 (the store's host) finishes; node 1's workers then fail. Node 1 closes the job for
     every node: node 0 leaves its exit barrier at once (not after exit_barrier_timeout, 300 s),
     names node 1's failure, and exits 0; node 1 reports its failure and exits 1."""
     net = make_network(2)
-    env = {"MN_EXIT_RANKS": "0,1", "MN_PG_TIMEOUT": "20"}
+    # Node 1 fails only once node 0's workers are gone: a collective would fail as soon as they
+    # close their connections, while they still run, and node 0 would then stop them (exit 1).
+    (tmp_path / "finished").mkdir()
+    env = {"MN_EXIT_RANKS": "0,1", "MN_PG_TIMEOUT": "20", "MN_FAIL_AFTER_EXITS": str(tmp_path / "finished")}
     agents = [start_agent(net[r], static_args(net, r, "--rdzv-conf", "timeout=60", "--monitor-interval", "0.2",
                                               script=FAILING), env=env)
               for r in (0, 1)]
