@@ -37,14 +37,13 @@ class Watchdog:
         """``own_process``: the agent owns this process (the command line, not the Python API), so
         the containment may move it into the job's cgroup or make it a child subreaper."""
         self._proc: subprocess.Popen[bytes] | None = None
-        self._spawned = False  # tried to start the process (it may have failed)
         self._started = False  # start() ran: the containment is being set up
         #: Random, per agent: marks the environment of every process of this job (see ``job_env``).
         self.token = os.urandom(16).hex()
         self.containment = Containment(self.token, own_process, register=self._register)
 
     def spawn(self) -> None:
-        """Start the watchdog's process only (once); :meth:`start` sets the containment up later.
+        """Start the watchdog's process only (unless it runs); :meth:`start` sets the containment up later.
 
         The command line calls this as soon as its flags parse: the watchdog's interpreter then
         boots on a core the agent leaves idle while it builds its plan, instead of beside the
@@ -52,9 +51,8 @@ class Watchdog:
         a sweep if the plan is refused. The watchdog is told where the job's cgroup will go; it is
         created only once the watchdog runs, so an agent killed at any point leaves nothing behind.
         """
-        if self._spawned:
+        if self._proc is not None:
             return
-        self._spawned = True
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", _SCRIPT, self.token, *self.containment.locate()],
