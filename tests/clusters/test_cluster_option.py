@@ -72,6 +72,17 @@ def test_an_elastic_range_gets_c10d() -> None:
     assert (args.rdzv_backend, args.rdzv_endpoint, args.nnodes) == ("c10d", "127.0.0.1:15003", "1:2")
 
 
+def test_a_multi_node_job_shows_whole_lines_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler merges every node's output (mpirun through a pty per node): one node's live
+    line would be torn by the others', so ``auto`` gives pipes; the flag and PET_WORKER_TTY decide."""
+    assert _apply([], SLURM_NODE_1).worker_tty == "never"
+    assert _apply(["--worker-tty", "always"], SLURM_NODE_1).worker_tty == "always"
+    assert _apply(["--worker-tty", "auto"], SLURM_NODE_1).worker_tty == "auto"
+    assert _apply(["--nnodes", "1"], SLURM_NODE_1).worker_tty == "auto"  # one node: its terminal is its own
+    monkeypatch.setenv("PET_WORKER_TTY", "auto")  # read when the parser is built
+    assert _apply([], {**SLURM_NODE_1, "PET_WORKER_TTY": "auto"}).worker_tty == "auto"
+
+
 def test_none_changes_nothing() -> None:
     plain = parse_args(["train.py"])
     args = _apply(["--cluster", "none"], SLURM_NODE_1)

@@ -161,6 +161,11 @@ def apply_cluster(args: argparse.Namespace, manager: LauncherPluginManager,
     if "rdzv_id" not in given and info.run_id:
         args.rdzv_id = info.run_id
         note("run_id")
+    if not single and "worker_tty" not in given and "PET_WORKER_TTY" not in env:
+        # Live worker output assumes this launcher alone writes its terminal. The scheduler merges
+        # every node's output into one (mpirun even gives each node a pty of its own), so one
+        # node's live line would be erased and torn by the others': whole lines stay intact.
+        args.worker_tty = "never"
     if took:
         where = f"node {args.node_rank} of {args.nnodes}" if backend == "static" else f"{args.nnodes} nodes"
         log.info("%s: %s, %s rendezvous at %s (%s)", info.label, where, backend, endpoint, "; ".join(took))
