@@ -35,16 +35,6 @@ def unwrapped(text: str) -> str:
     return re.sub(r"[ \t]*\n[ \t]*", " ", text)
 
 
-def as_shown(text: str) -> str:
-    """``text`` as a terminal shows it: each line wiped by ``\\r ESC [K`` taken out.
-
-    A launcher whose console is a terminal (an MPI launcher gives its ranks ptys) shows unfinished
-    worker lines live; when another worker writes meanwhile, it erases the unfinished line and
-    draws it again below. Captured raw, the erased copy is still there; on a screen it is not.
-    """
-    return re.sub(r"[^\n]*\r\x1b\[K", "", text)
-
-
 def launcher_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a launcher run: ours, without the PET_* and torchelastic variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from tests.clusters.schedulers import SlurmCluster
-from tests.conftest import as_shown, launcher_env, unwrapped
+from tests.conftest import launcher_env, unwrapped
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "clusters"
 #: ``launcher`` (the documented command) on PATH: this interpreter's.
@@ -113,13 +113,19 @@ def test_srun_with_two_launchers_per_node_says_how_to_call_it(
 
 
 def _run_doc_script(script: str, tmp_path: Path, env: dict[str, str]) -> str:
-    """Run ``script`` with bash in ``tmp_path`` (train.py, hosts); its output as shown on a screen, after exit 0."""
+    """Run ``script`` with bash in ``tmp_path`` (train.py, hosts); its output, after a zero exit.
+
+    The MPI launchers give each node's launcher a pty, but merge every node's output into one
+    stream: no launcher may draw live lines there (an erased line would be torn by another node's
+    output), so the output holds no erase sequence. Read as bytes: universal newlines would hide
+    the carriage returns.
+    """
     path = tmp_path / "job.sh"
     path.write_text(script)
     result = subprocess.run(["bash", str(path)], capture_output=True, timeout=240, env=env, cwd=tmp_path)
-    # Bytes, not text=True: universal newlines would turn the \r of an erased line into \n.
-    output = as_shown((result.stdout + result.stderr).decode(errors="replace"))
+    output = (result.stdout + result.stderr).decode(errors="replace")
     assert result.returncode == 0, output
+    assert "\x1b[K" not in output, ascii(output)
     return output
 
 
