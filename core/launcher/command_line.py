@@ -8,7 +8,6 @@ device kind. Every problem is a :class:`~launcher.errors.UsageError`: one line, 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _which(program: str) -> str | None:
+    import shutil  # here: shutil costs every launch milliseconds before its first worker starts
+
     return shutil.which(program)
 
 
@@ -125,6 +126,14 @@ def _worker_command(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[l
     return [_python_program(env), "-u", script, *script_args], None
 
 
+def _preload(args: argparse.Namespace, name: str) -> tuple[str, ...]:
+    if not args.preload:  # the usual case: the preloading machinery is not even imported
+        return ()
+    from launcher.agent.preload import preload_for_command
+
+    return preload_for_command(args.preload, no_python=bool(args.no_python), name=name)
+
+
 def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
                      environ: Mapping[str, str] | None = None) -> CommandLine:
     """Validate parsed flags and build the launch's config; raises :class:`UsageError`.
@@ -133,7 +142,6 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
     config names (beyond the device kind ``--nproc-per-node`` counts) are resolved afterwards,
     by :func:`launcher.plan.build_plan`.
     """
-    from launcher.agent.preload import preload_for_command
     from launcher.hangs.settings import parse_hang_timeout
     from launcher.options import source_name
 
@@ -208,7 +216,7 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         worker_tty=args.worker_tty.strip().lower(),
         hang_timeout=parse_hang_timeout(args.hang_timeout, name("hang_timeout")),
         hang_watch=args.hang_watch,
-        preload=preload_for_command(args.preload, no_python=bool(args.no_python), name=name("preload")),
+        preload=_preload(args, name("preload")),
     )
     return CommandLine(config=config, command=command, run_path=run_path, device_provider=provider)
 

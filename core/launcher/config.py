@@ -127,9 +127,12 @@ class LaunchConfig:
 
         self.hang_timeout = parse_hang_timeout(self.hang_timeout)
         self.hang_watch = parse_hang_watch(self.hang_watch)
-        from launcher.agent.preload import parse_preload  # --preload
+        if self.preload:  # --preload; its machinery is imported only when asked for
+            from launcher.agent.preload import parse_preload
 
-        self.preload = parse_preload(self.preload)
+            self.preload = parse_preload(self.preload)
+        else:
+            self.preload = ()
 
     @property
     def signal_numbers(self) -> list[int]:

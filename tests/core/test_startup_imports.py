@@ -43,6 +43,9 @@ OFF_THE_START_PATH = (
     "json", "glob", "encodings.idna", "launcher.plugins.listing", "launcher.clusters.api",
     "launcher.agent.barrier", "launcher.agent.membership", "launcher.failures.report",
     "launcher.failures.oom", "launcher.hangs.monitor", "torch",
+    # tempfile imports shutil, and shutil bz2, lzma and fnmatch (launcher.private_dirs; the
+    # options' help formatter); the preloading machinery is for --preload only.
+    "tempfile", "shutil", "bz2", "lzma", "launcher.agent.preload",
 )
 
 _MODULES_AT_FIRST_START = """

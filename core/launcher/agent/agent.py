@@ -36,6 +36,7 @@ from launcher.failures.exits import describe_exit
 from launcher.logs.pump import OutputPump
 from launcher.plan import format_cpus
 from launcher.plugins.types import finish_logs, run_log_dir
+from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
 
@@ -356,9 +357,7 @@ class Agent:
         for slot in slots:  # reify may have added TORCHELASTIC_ERROR_FILE
             slot.env = envs[slot.local_rank]
         if plan.entry.function is not None and self._result_dir is None:
-            import tempfile
-
-            self._result_dir = tempfile.mkdtemp(prefix="launcher_results_")
+            self._result_dir = make_private_dir("launcher_results_")
         group = WorkerGroup(slots, pump, watchdog, wakeup_fd=self._signals.wakeup_fd)
         self._group = group
         try:

@@ -24,7 +24,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ from launcher.hangs import cluster, ondemand, stacks
 from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_PID_ENV, HEARTBEAT_SLOT_ENV
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
 from launcher.hangs.watch import HangWatch, HeartbeatTable
+from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import RendezvousError
 from launcher.store.api import StoreError
 
@@ -62,8 +62,8 @@ def _private_dir() -> str:
     shm = "/dev/shm"
     if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
         with contextlib.suppress(OSError):
-            return tempfile.mkdtemp(prefix="launcher_hangs_", dir=shm)
-    return tempfile.mkdtemp(prefix="launcher_hangs_")
+            return make_private_dir("launcher_hangs_", shm)
+    return make_private_dir("launcher_hangs_")
 
 
 class HangMonitor:
@@ -378,7 +378,7 @@ class HangMonitor:
             # No log directory at all (--log-dir /dev/null).
             if self._stacks_dir is None:
                 # Outlives the job on purpose: the report names it.
-                self._stacks_dir = tempfile.mkdtemp(prefix="launcher_hang_")
+                self._stacks_dir = make_private_dir("launcher_hang_")
             directory = self._stacks_dir
         directory = os.path.abspath(directory)  # the report names it: not relative to the agent's cwd
         if kind == "hang":

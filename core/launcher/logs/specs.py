@@ -20,13 +20,19 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 
 from launcher.config import STD_ALL, STD_ERR, STD_NONE, STD_OUT, StdSpec
+from launcher.private_dirs import make_private_dir
 
 log = logging.getLogger("launcher.logs")
+
+
+def _remove_tree(path: str) -> None:
+    # shutil is imported only here: a launch has no use for it before its workers start.
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 #: The console, as a destination.
 CONSOLE = ""
@@ -113,8 +119,8 @@ class DefaultLogsSpecs(LogsSpecs):
     @property
     def root_log_dir(self) -> str:
         if self._root_log_dir is None:
-            # mkdtemp creates it 0700, so nobody else can read what workers write there.
-            self._root_log_dir = tempfile.mkdtemp(prefix="launcher_")
+            # 0700, so nobody else can read what workers write there.
+            self._root_log_dir = make_private_dir("launcher_")
         return self._root_log_dir
 
     @property
@@ -139,10 +145,11 @@ class DefaultLogsSpecs(LogsSpecs):
             return dest
         if self._run_log_dir is None:
             os.makedirs(self.root_log_dir, exist_ok=True)
-            # mkdtemp: a unique name (several agents may share log_dir) and mode 0700.
-            self._run_log_dir = tempfile.mkdtemp(prefix=f"{run_id}_", dir=self.root_log_dir)
+            # A unique name (several agents may share log_dir) and mode 0700.
+            self._run_log_dir = make_private_dir(f"{run_id}_", self.root_log_dir)
         attempt_dir = os.path.join(self._run_log_dir, f"attempt_{attempt}")
-        shutil.rmtree(attempt_dir, ignore_errors=True)
+        if os.path.lexists(attempt_dir):  # not on a first start: the run's directory is new
+            _remove_tree(attempt_dir)
         os.makedirs(attempt_dir, mode=0o700)
         for rank in range(nprocs):
             rank_dir = os.path.join(attempt_dir, str(rank))
@@ -182,6 +189,6 @@ class DefaultLogsSpecs(LogsSpecs):
         if not self._temporary or not self._root_log_dir:
             return
         if succeeded and not self._keep:
-            shutil.rmtree(self._root_log_dir, ignore_errors=True)
+            _remove_tree(self._root_log_dir)
         elif self._run_log_dir is not None:
             log.warning("worker logs kept in %s", self._run_log_dir)
