@@ -46,6 +46,8 @@ OFF_THE_START_PATH = (
     # tempfile imports shutil, and shutil bz2, lzma and fnmatch (launcher.private_dirs; the
     # options' help formatter); the preloading machinery is for --preload only.
     "tempfile", "shutil", "bz2", "lzma", "launcher.agent.preload",
+    # Parsed only once a peer connects to the store or join ranges are configured.
+    "ipaddress",
 )
 
 _MODULES_AT_FIRST_START = """

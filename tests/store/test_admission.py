@@ -26,6 +26,18 @@ ip = ipaddress.ip_address
 # ---------------------------------------------------------------------- the policy
 
 
+def test_the_address_types_are_there_at_run_time() -> None:
+    # Annotations only inside launcher (ipaddress loads lazily), but public names all the same.
+    from launcher.store import admission
+
+    assert isinstance(ip("10.0.0.1"), admission.IPAddress)
+    assert isinstance(ip("fd00::1"), admission.IPAddress)
+    assert isinstance(ipaddress.ip_network("fd00::/8"), admission.IPNetwork)
+    assert not isinstance("10.0.0.1", admission.IPAddress)
+    with pytest.raises(AttributeError, match="no attribute 'IPAdress'"):
+        admission.IPAdress  # noqa: B018
+
+
 def test_policy_verdicts() -> None:
     open_policy = Admission()
     assert open_policy.verdict(ip("10.1.2.3"), None) is Verdict.ADMIT

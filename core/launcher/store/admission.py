@@ -19,14 +19,17 @@ Only the standard library is imported here.
 from __future__ import annotations
 
 import enum
-import ipaddress
 import os
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from launcher.addresses import lookup_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    import ipaddress
+    from typing import TypeAlias
 
 __all__ = [
     "AUTH_HELLO",
@@ -46,8 +49,22 @@ __all__ = [
     "server_proof",
 ]
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+# ipaddress is imported only where an address is parsed: a launch whose store nobody has
+# connected to yet (every launch, before its first worker starts) never needs it.
+if TYPE_CHECKING:  # pragma: no cover
+    IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+    IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def __getattr__(name: str) -> Any:
+    # IPAddress and IPNetwork, for code that uses them at run time (isinstance, say).
+    if name in ("IPAddress", "IPNetwork"):
+        import ipaddress
+
+        if name == "IPAddress":
+            return ipaddress.IPv4Address | ipaddress.IPv6Address
+        return ipaddress.IPv4Network | ipaddress.IPv6Network
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: Query codes of the handshake: outside torch's range (0-18) so they never collide with it.
 AUTH_HELLO: Final = 0xA0
@@ -102,6 +119,8 @@ def parse_networks(networks: Iterable[str | IPNetwork]) -> tuple[IPNetwork, ...]
     :class:`ValueError` naming the first bad one."""
     parsed: list[IPNetwork] = []
     for net in networks:
+        import ipaddress  # only once there is a range: most launches configure none
+
         if isinstance(net, ipaddress.IPv4Network | ipaddress.IPv6Network):
             parsed.append(net)
             continue
@@ -114,6 +133,8 @@ def parse_networks(networks: Iterable[str | IPNetwork]) -> tuple[IPNetwork, ...]
 
 
 def _unmapped(ip: IPAddress) -> IPAddress:
+    import ipaddress
+
     # A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d; compare them as IPv4.
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
@@ -123,6 +144,8 @@ def _unmapped(ip: IPAddress) -> IPAddress:
 def peer_ip(peer: object) -> IPAddress | None:
     """The IP address of an accepted socket's peer (``None`` for a Unix socket)."""
     if isinstance(peer, tuple) and peer and isinstance(peer[0], str):
+        import ipaddress
+
         try:
             return _unmapped(ipaddress.ip_address(peer[0].split("%", 1)[0]))
         except ValueError:
@@ -136,6 +159,8 @@ def resolve_addresses(addresses: Iterable[str]) -> frozenset[IPAddress]:
     Raises :class:`ValueError` for a name that does not resolve: admitting nobody for a member
     would break the job, so the caller must know.
     """
+    import ipaddress
+
     result: set[IPAddress] = set()
     for entry in addresses:
         host = entry.strip()

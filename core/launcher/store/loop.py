@@ -15,9 +15,9 @@ import selectors
 import socket
 import threading
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from launcher.store.admission import Admission, IPAddress, Verdict, peer_ip
+from launcher.store.admission import Admission, Verdict, peer_ip
 from launcher.store.protocol import ProtocolError, format_address
 from launcher.store.requests import (
     OUTPUT_HIGH_WATER,
@@ -30,6 +30,9 @@ from launcher.store.requests import (
 )
 from launcher.store.table import Waiter
 from launcher.store.throttle import LogThrottle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.store.admission import IPAddress
 
 __all__ = ["ACCEPT_PAUSE_S", "LISTENER_TAG", "WAKEUP_TAG", "ServeLoop"]
 

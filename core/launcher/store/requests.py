@@ -11,14 +11,13 @@ from __future__ import annotations
 import selectors
 import socket
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from launcher.store.admission import (
     AUTH_HELLO,
     AUTH_PROOF,
     NONCE_LEN,
     PROOF_LEN,
-    IPAddress,
     client_proof,
     new_nonce,
     proofs_match,
@@ -38,6 +37,9 @@ from launcher.store.protocol import (
     pack_blob,
 )
 from launcher.store.table import KeyTable, Waiter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.store.admission import IPAddress
 
 __all__ = [
     "OUTPUT_HARD_LIMIT",

@@ -37,12 +37,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from launcher.addresses import lookup_name
 from launcher.store.admission import (
     Admission,
-    IPAddress,
     resolve_addresses,
 )
 from launcher.store.api import StoreError, StoreTimeoutError
@@ -62,6 +61,9 @@ from launcher.store.requests import (
 )
 from launcher.store.table import KeyTable
 from launcher.store.throttle import LogThrottle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.store.admission import IPAddress
 
 __all__ = [
     "KEY_PREFIX",
