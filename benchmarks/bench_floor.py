@@ -9,9 +9,9 @@ line, read from the workers' own clocks; each is the median of ``--runs`` runs. 
 launcher <= 1.5x the floor.
 
 ``--explain`` also runs launcher once under ``python -X importtime`` and prints where its own
-start-up goes: the import time of each top-level package and the costliest modules, and the time
-spent creating dataclasses before the first worker starts (measured in-process, without
-``importtime``'s overhead).
+start-up goes: the import time of each top-level package and the costliest modules; then, measured
+in-process without ``importtime``'s overhead, the time until the first worker starts, how much of
+it is importing modules, and how much of that is creating dataclasses.
 
 ``--bounds`` adds the floor program after importing only standard modules any Python launcher needs
 (``floor_imports.py``), then those plus ``typing`` and ``dataclasses``, then plus ``pluggy``: what a
@@ -37,6 +37,8 @@ from bench_venv import ROOT, VENV, ensure_venv
 
 NPROC = 4
 GOAL = 1.5
+#: In-process start-up probes for ``--explain`` (the median is shown).
+PROBES = 9
 
 NOOP = """
 import time
@@ -69,12 +71,16 @@ def commands(python: Path, bounds: bool = False) -> dict[str, list[str]]:
     return tools
 
 
-#: Run in the venv's Python: launcher's command line, timing every dataclass created until the
-#: first worker starts.
-_DATACLASS_PROBE = """
-import dataclasses, json, sys, time
+#: Run in the venv's Python: launcher's command line, in-process, until its first worker starts:
+#: how long that takes (after the interpreter's own start), how much of it is importing modules
+#: (each outermost import, timed by wrapping importlib's loader entry point), and how much is
+#: creating dataclasses (which happens inside those imports).
+_START_PROBE = """
+import time
+began = time.perf_counter()
+import dataclasses, importlib._bootstrap as bootstrap, sys  # launcher imports dataclasses too
+spent, started, imports, depth = [0.0, 0], [], [time.perf_counter() - began], [0]
 script, out = sys.argv[1], sys.argv[2]
-spent, started = [0.0, 0], []
 create = dataclasses._process_class
 def timed(cls, *args):
     begin = time.perf_counter()
@@ -85,18 +91,36 @@ def timed(cls, *args):
             spent[0] += time.perf_counter() - begin
             spent[1] += 1
 dataclasses._process_class = timed
-sys.addaudithook(lambda event, args: started.append(1) if event == "subprocess.Popen" and script in args[1] else None)
+load = bootstrap._find_and_load
+def timed_import(name, import_):
+    depth[0] += 1
+    begin = time.perf_counter()
+    try:
+        return load(name, import_)
+    finally:
+        depth[0] -= 1
+        if depth[0] == 0 and not started:
+            imports[0] += time.perf_counter() - begin
+bootstrap._find_and_load = timed_import
+def first_worker(event, args):
+    if event == "subprocess.Popen" and script in args[1] and not started:
+        started.append(time.perf_counter() - began)
+sys.addaudithook(first_worker)
 from launcher.cli import main
 try:
     main(["--standalone", "--nproc-per-node", sys.argv[3], script, out])
 finally:
-    print(json.dumps({"ms": round(spent[0] * 1000, 1), "classes": spent[1]}), file=sys.__stderr__)
+    import json
+    print(json.dumps({"ms": round(spent[0] * 1000, 1), "classes": spent[1],
+                      "to_first_worker_ms": round(started[0] * 1000, 1),
+                      "imports_ms": round(imports[0] * 1000, 1)}), file=sys.__stderr__)
 """
 
 
-def dataclass_time(python: Path, script: Path, work: Path) -> dict[str, float]:
-    """Milliseconds spent creating dataclasses before launcher's first worker starts, and how many."""
-    result = subprocess.run([str(python), "-c", _DATACLASS_PROBE, str(script), str(work), str(NPROC)],
+def start_probe(python: Path, script: Path, work: Path) -> dict[str, float]:
+    """In-process milliseconds until launcher's first worker starts, importing modules and creating
+    dataclasses in that time, and how many dataclasses."""
+    result = subprocess.run([str(python), "-c", _START_PROBE, str(script), str(work), str(NPROC)],
                             env=clean_env(), capture_output=True, text=True, timeout=300)
     return dict(json.loads(result.stderr.strip().splitlines()[-1]))
 
@@ -140,10 +164,15 @@ def explain(python: Path, script: Path, work: Path) -> dict[str, object]:
     print("costliest modules (own time):")
     for ms, name in sorted(modules, reverse=True)[:15]:
         print(f"  {ms:7.1f} ms  {name}")
-    dataclasses = dataclass_time(python, script, work)
-    print(f"dataclasses created before the first worker starts: {dataclasses['classes']:.0f}, "
-          f"{dataclasses['ms']:.1f} ms (in-process, no importtime)")
+    probes = [start_probe(python, script, work) for _ in range(PROBES)]
+    probe = {key: statistics.median(p[key] for p in probes) for key in probes[0]}
+    print(f"in-process, until the first worker starts (median of {PROBES}, no importtime): "
+          f"{probe['to_first_worker_ms']:.1f} ms, of which importing modules {probe['imports_ms']:.1f} ms "
+          f"(creating {probe['classes']:.0f} dataclasses {probe['ms']:.1f} ms of it), the rest "
+          f"{probe['to_first_worker_ms'] - probe['imports_ms']:.1f} ms")
+    dataclasses = {"ms": probe["ms"], "classes": probe["classes"]}
     return {"imports_ms": round(total, 1), "dataclasses_before_first_worker": dataclasses,
+            "to_first_worker_ms": probe["to_first_worker_ms"], "importing_before_first_worker_ms": probe["imports_ms"],
             "by_package_ms": {k: round(v, 1) for k, v in sorted(by_package.items(), key=lambda i: -i[1])[:12]}}
 
 
