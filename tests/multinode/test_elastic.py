@@ -160,9 +160,43 @@ def test_link_cut_detected_within_heartbeat_timeout_and_reformed(make_network, s
     # Detection: heartbeat timeout + one watcher tick + one agent poll (+ scheduling on 2 cores).
     assert delay < HEARTBEAT_TIMEOUT + 4, f"detected after {delay:.1f} s\n{detected.describe()}"
     wait_all(agents[:2], 60, context=agents)
+    # Every survivor names the lost node: as lost (whichever found it, and any that read the
+    # finding before re-forming), or once the group re-formed without it (a survivor that
+    # re-formed only because the finder's stop broke its workers' collectives).
+    named = re.compile(rf"lost contact with node\(s\) [^\n]*{re.escape(net[2].addr)}_"
+                       rf"|node\(s\) [^\n]*{re.escape(net[2].addr)}_[^\n]* left the job")
     for agent in agents[:2]:
-        assert re.search(rf"lost contact with node\(s\) {re.escape(net[2].addr)}_", agent.stderr), agent.describe()
+        assert named.search(agent.stderr), agent.describe()
     check_history(state, STEPS, [6, 4])
+
+
+@pytest.mark.timeout(150)
+def test_a_survivor_whose_workers_break_first_still_names_the_lost_node(make_network, start_agent, tmp_path):
+    """(f) As above, but node 0 polls the rendezvous only every 5 s, and the node cut is the one
+    node 0 does not watch (each node watches the next in rank order). The node that finds the
+    cut stops its workers; node 0 learns of it from its own workers breaking. It still says which
+    node was lost (the finding is in the store by then), not only that a node is waiting to
+    join, and re-forms without using a restart."""
+    net = make_network(3)
+    state = tmp_path / "state"
+    state.mkdir()
+    args = [elastic_args(net, i, state, max_restarts=3) for i in range(3)]
+    args[0][args[0].index("--monitor-interval") + 1] = "5"
+    agents = [start_agent(net[i], args[i]) for i in range(3)]
+    wait_progress(state, 6, 5, agents)
+    ranks = [int(re.findall(r"round 0 formed with 3 nodes; this node \S+ is group rank (\d)", a.stderr)[0])
+             for a in agents]
+    watched_by_node0 = ranks.index((ranks[0] + 1) % 3)
+    victim = 3 - watched_by_node0  # of nodes 1 and 2, the one another fast-polling node watches
+    net[victim].cut()
+    survivors = [agents[0], agents[3 - victim]]
+    wait_all(survivors, HEARTBEAT_TIMEOUT + 60, context=agents)
+    lost = re.compile(rf"lost contact with node\(s\) [^\n]*{re.escape(net[victim].addr)}_")
+    for agent in survivors:
+        assert lost.search(agent.stderr), logs(agents)
+    assert "waiting to join (the group is re-forming)" not in agents[0].stderr, agents[0].describe()
+    records = check_history(state, STEPS, [6, 4])
+    assert {r["restart"] for r in records} == {0}, f"a restart was used: {records}"
 
 
 @pytest.mark.timeout(120)

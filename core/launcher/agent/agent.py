@@ -214,16 +214,20 @@ class Agent:
         charged = False
         while True:
             info = self._rendezvous(handler)
-            if charged and previous is not None:
-                from launcher.agent.membership import lost_since  # only after a restart
+            if previous is not None:
+                from launcher.agent.membership import lost_since  # only after a re-form
 
-                left = lost_since(previous, info)
-                if left:
+                left = ", ".join(sorted(lost_since(previous, info)))
+                if left and charged:
                     # The failure that used a restart came from a node leaving (peers' collectives
                     # break before heartbeats time out): re-forming costs no restart.
-                    log.warning("node(s) %s left the job: the last restart is not counted", ", ".join(sorted(left)))
+                    log.warning("node(s) %s left the job: the last restart is not counted", left)
                     remaining_restarts += 1
                     self._restart_count -= 1
+                elif left:
+                    # Said on every node: one that re-formed only because its peers did (their
+                    # stop broke its workers' collectives) has not named the departed nodes yet.
+                    log.info("node(s) %s left the job; the group re-formed without them", left)
             charged = False
             previous = info
             report.joined(info, handler)
@@ -266,6 +270,8 @@ class Agent:
             if self._hangs is not None:
                 self._hangs.detach()
             multi = info.group_world_size > 1
+            if hang is None and multi and await_lost_nodes(handler, plan, self._emit, info, grace=0.0):
+                continue  # a node another node already found lost broke the collectives: no restart counted
             if hang is None and multi and regrouping_for_joiners(handler, self._emit):
                 continue
             if remaining_restarts == 0 and multi and await_lost_nodes(handler, plan, self._emit, info):

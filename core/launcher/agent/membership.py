@@ -54,17 +54,20 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
 
 
 def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callable[..., None],
-                     info: RendezvousInfo | None = None) -> bool:
-    """After a failure with no restart left: was a lost node the cause?
+                     info: RendezvousInfo | None = None, grace: float | None = None) -> bool:
+    """After a worker failure: was a lost node the cause?
 
     A node that dies breaks its peers' collectives at once, but its heartbeats take up to
-    the heartbeat timeout to be missed; wait that long (at most) for the verdict. Not when a
-    node of ``info``'s round has already finished (it waits at the exit barrier, and will join
-    no other round): then this node's own failure is the story, and it reports it.
+    the heartbeat timeout to be missed; with no restart left, wait that long (``grace``, by
+    default the heartbeat timeout) for the verdict. ``grace=0`` only reads whether some node
+    has already been found lost (by whichever node watches it). Not when a node of ``info``'s
+    round has already finished (it waits at the exit barrier, and will join no other round):
+    then this node's own failure is the story, and it reports it.
     """
     if info is not None and finished_nodes(info, plan.run_id) > 0:
         return False
-    grace = heartbeat_timeout(plan)
+    if grace is None:
+        grace = heartbeat_timeout(plan)
     deadline = time.monotonic() + grace
     while True:
         try:
