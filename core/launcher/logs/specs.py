@@ -27,15 +27,15 @@ from launcher.private_dirs import make_private_dir
 
 log = logging.getLogger("launcher.logs")
 
+#: The console, as a destination.
+CONSOLE = ""
+
 
 def _remove_tree(path: str) -> None:
     # shutil is imported only here: a launch has no use for it before its workers start.
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
-
-#: The console, as a destination.
-CONSOLE = ""
 
 
 @dataclass
