@@ -10,7 +10,9 @@ Protocol (one :mod:`marshal` dict per packet, format version 4, so that the agen
 workers' interpreters may differ):
 
 - the template says ``{"ready": True, "pid": N}`` once the imports are done and it is safe to
-  fork, or ``{"ready": False, "reason": "..."}`` and exits;
+  fork, or ``{"ready": False, "reason": "..."}`` and exits (after an import that left native
+  threads, it forks once a child that exits at once, so that only threads a fork loses count:
+  OpenBLAS's pool stops itself for a fork);
 - ``{"op": "check"}`` asks whether a file of a loaded module changed on disk since it was
   imported: ``{"stale": PATH or None}``;
 - ``{"op": "spawn", ...}`` with the worker's stdout and stderr descriptors attached (SCM_RIGHTS)
@@ -26,7 +28,9 @@ stderr, and the script (or ``-m`` module) run as a fresh ``__main__``.
 Only what the interpreter loads at start-up (``os``, ``sys``, ``marshal``), the C ``_socket``
 module (after the preloaded imports) and, where a normal worker would load them too, ``runpy``
 (``-m``) and ``faulthandler`` (``--hang-timeout``): a forked worker's ``sys.modules`` is what a
-normal worker's would be, plus the preloaded modules and ``_socket``. No launcher import: the
+normal worker's would be, plus the preloaded modules and ``_socket`` (and, only after an import
+that left native threads, ``time`` and, on Python 3.12+, ``warnings``, which ``import torch`` loads
+anyway). No launcher import: the
 workers' interpreter (``PYTHON_EXEC``) may not have launcher installed. The end of the socket (the
 agent closed it, or died) ends the template.
 """
@@ -109,27 +113,72 @@ def _sockets(ours):
 def _fork_hazard(name, ours):
     """Why a fork of this process would not carry what importing ``name`` set up, or None."""
     threading = sys.modules.get("threading")  # not imported here: a worker would see it loaded
-    python_threads = threading.active_count() if threading is not None else 1
-    count = max(_native_threads(), python_threads) - 1
-    if count > 0:
-        names = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()) if threading else []
-        if names:
-            return (f"importing {name} started {count} thread(s) ({', '.join(names)}), which a forked "
-                    "worker would not have; preload only modules that start no thread when imported")
-        return (f"importing {name} started {count} native thread(s) (an OpenMP or BLAS pool), which a "
-                "forked worker would not have; set OMP_NUM_THREADS=1 (launcher does so for 2 or more "
-                "workers per node) or preload fewer modules")
+    python_threads = []
+    if threading is not None and threading.active_count() > 1:
+        python_threads = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    cuda = _cuda_initialized()
+    native = _native_threads() - 1 - len(python_threads)
+    if native > 0 and not cuda and not python_threads:
+        # Native threads that their library stops before a fork are no hazard: OpenBLAS (which
+        # numpy, and so `import torch`, loads) registers pthread_atfork to stop its pool, and starts
+        # it again, as large, on its first use after. A fork that ends at once shows what is left.
+        native = _native_threads_after_fork() - 1
+    return _hazard_reason(name, cuda, native, python_threads, bool(_children()), _sockets(ours))
+
+
+def _cuda_initialized():
     cuda = getattr(sys.modules.get("torch"), "cuda", None)
-    if cuda is not None:
-        try:
-            initialized = cuda.is_initialized()
-        except Exception:  # an unusual torch build: be safe
-            initialized = True
-        if initialized:
-            return f"importing {name} initialized CUDA, which does not survive a fork"
-    if _children():
+    if cuda is None:
+        return False
+    try:
+        return bool(cuda.is_initialized())
+    except Exception:  # an unusual torch build: be safe
+        return True
+
+
+def _native_threads_after_fork():
+    """This process's threads once a fork has run the libraries' fork handlers (the child exits at once)."""
+    if sys.version_info >= (3, 12):  # os.fork() warns in a multi-threaded process: here it is meant
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    else:
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    # A joined thread leaves /proc/self/task a moment after pthread_join returns.
+    for _ in range(50):
+        count = _native_threads()
+        if count == 1:
+            break
+        import time  # only here, after a native library was loaded: it has loaded time long since
+
+        time.sleep(0.002)
+    return count
+
+
+def _hazard_reason(name, cuda_initialized, threads, python_threads, children, sockets):
+    """The line saying why not to fork after importing ``name``, from what the import left; None if safe.
+
+    CUDA comes first: initializing it starts threads of its own, which the line must not blame on
+    an OpenMP or BLAS pool.
+    """
+    if cuda_initialized:
+        return (f"importing {name} initialized CUDA, whose context and threads do not survive a fork; "
+                "preload only modules that do not initialize CUDA when imported")
+    if python_threads:
+        return (f"importing {name} started {len(python_threads)} thread(s) ({', '.join(python_threads)}), which "
+                "a forked worker would not have; preload only modules that start no thread when imported")
+    if threads > 0:
+        return (f"importing {name} started {threads} native thread(s) that do not stop for a fork (an OpenMP "
+                "pool, or a library's own threads), which a forked worker would not have; set "
+                "OMP_NUM_THREADS=1 (launcher does so for 2 or more workers per node) or preload fewer modules")
+    if children:
         return f"importing {name} started a child process, which forked workers would share"
-    if _sockets(ours):
+    if sockets:
         return f"importing {name} opened a socket, which forked workers would share"
     return None
 
