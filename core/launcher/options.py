@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     add = parser.add_argument
+    from launcher import __version__
+
+    # Not torchrun's (it has none); no flag of torchrun's is spelled so, and after the script it
+    # is the script's argument as any other.
+    add("--version", action="version", version=f"launcher {__version__}",
+        help="Print launcher's version and exit.")
     # Size of the job.
     add("--nnodes", action=_EnvDefault, default="1:1",
         help="Number of nodes, or MIN:MAX for an elastic job (default 1:1).")

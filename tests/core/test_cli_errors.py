@@ -112,6 +112,26 @@ def test_help_exits_zero():
         assert flag in result.stdout
 
 
+def test_version_prints_the_version_and_exits_zero(marker_script):
+    import launcher
+
+    script, marker = marker_script
+    for args in (["--version"], ["--standalone", "--version", script]):
+        result = run_launcher(args)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"launcher {launcher.__version__}\n"
+        assert result.stderr == ""
+    assert not marker.exists(), "--version must start no worker"
+
+
+def test_version_after_the_script_is_the_scripts(tmp_path):
+    script = tmp_path / "args.py"
+    script.write_text("import sys\nprint('script got', sys.argv[1:])\n")
+    result = run_launcher([str(script), "--version"])
+    assert result.returncode == 0, result.stderr
+    assert "script got ['--version']" in result.stdout
+
+
 def test_static_port_in_use_is_a_clear_error(marker_script):
     import socket
 
