@@ -29,9 +29,9 @@ import importlib.metadata, sys
 from launcher.plugins import entrypoints
 
 declared = sorted({ep.distribution for ep in entrypoints.entry_points("launcher")})
-assert "launcher" not in declared, f"launcher's entry points are on sys.path: {declared}"
+assert "launcher-core" not in declared, f"launcher's entry points are on sys.path: {declared}"
 try:
-    importlib.metadata.distribution("launcher")
+    importlib.metadata.distribution("launcher-core")
 except importlib.metadata.PackageNotFoundError:
     pass
 else:
@@ -95,7 +95,7 @@ def test_every_builtin_is_listed_without_metadata(bare_path: str) -> None:
     }
     assert {row["plugin"] for row in rows} == {builtin_plugin_name(module) for module in BUILTIN_PLUGINS}
     assert "builtin-logs-specs" in {row["plugin"] for row in rows}  # the names LAUNCHER_BLOCK_PLUGINS takes
-    assert {(row["distribution"], row["loaded"]) for row in rows} == {("launcher", True)}
+    assert {(row["distribution"], row["loaded"]) for row in rows} == {("launcher-core", True)}
 
 
 def test_a_standalone_job_runs_without_metadata(bare_path: str, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def _context(**environ: str) -> SinkContext:
 def test_builtins_come_from_the_core_distribution(plugin_manager: LauncherPluginManager) -> None:
     for name in ("null", "dynamic_rendezvous", "console", "jsonl"):
         provided = plugin_manager.lookup(EventHandler, name)
-        assert provided.plugin.distribution == "launcher"
+        assert provided.plugin.distribution == "launcher-core"
     assert plugin_manager.get(EventHandler, "dynamic_rendezvous") is plugin_manager.get(
         EventHandler, "null"
     )

@@ -46,7 +46,7 @@ from launcher.plugins.errors import (
     PluginNotFoundError,
 )
 from launcher.plugins.hookspec import PROJECT, LauncherSpecs
-from launcher.plugins.provenance import CORE_DISTRIBUTION, PluginInfo, Provided
+from launcher.plugins.provenance import CORE_DISTRIBUTION, PluginInfo, Provided, is_core_distribution
 from launcher.plugins.torchrun_groups import torchrun_registrations
 from launcher.plugins.types import (
     REGISTRATION_CLASSES,
@@ -249,7 +249,7 @@ class LauncherPluginManager(pluggy.PluginManager):
     def _load_entrypoint_plugins(self) -> None:
         seen: set[tuple[str | None, str]] = set()
         for ep in entrypoints.entry_points(ENTRY_POINT_GROUP):
-            if ep.distribution == CORE_DISTRIBUTION:
+            if is_core_distribution(ep.distribution):
                 # The core registers its own plugins; an older install's metadata may list them.
                 continue
             info = PluginInfo(

@@ -7,12 +7,20 @@ from typing import Generic, TypeVar
 
 from launcher.plugins.types import Registration
 
-__all__ = ["CORE_DISTRIBUTION", "PluginInfo", "Provided"]
+__all__ = ["CORE_DISTRIBUTION", "PluginInfo", "Provided", "is_core_distribution"]
 
-#: The distribution that ships the core (and its built-in plugins).
-CORE_DISTRIBUTION = "launcher"
+#: The distribution that ships the core (and its built-in plugins); the import package is
+#: ``launcher``, but the package index gives that distribution name to an unrelated project.
+CORE_DISTRIBUTION = "launcher-core"
 
 R = TypeVar("R", bound=Registration)
+
+
+def is_core_distribution(name: str | None) -> bool:
+    """Whether ``name`` (as a METADATA file spells it: ``launcher_core``, ``Launcher-Core``) is the core's."""
+    if name is None:
+        return False
+    return "-".join(filter(None, name.lower().replace("_", "-").replace(".", "-").split("-"))) == CORE_DISTRIBUTION
 
 
 @dataclass
@@ -36,7 +44,7 @@ class PluginInfo:
     @property
     def builtin(self) -> bool:
         """Whether the core itself provides this plugin."""
-        return self.distribution == CORE_DISTRIBUTION
+        return is_core_distribution(self.distribution)
 
     def describe(self) -> str:
         """``name (dist version)``, as used in error messages."""
