@@ -91,7 +91,7 @@ def run(argv: Sequence[str]) -> int:
 
         return stacks_command(argv[1:])
     args = parse_args(argv)
-    from launcher.agent.containment import warm_up
+    from launcher.agent.cgroups import warm_up
     from launcher.agent.watchdog import Watchdog
 
     warm_up()  # the kernel's wait before the agent can move into the job's cgroup, paid meanwhile

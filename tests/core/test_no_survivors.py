@@ -32,13 +32,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from launcher.agent.containment import (
+from launcher.agent.cgroups import (
     cgroup2_directory,
     cgroup2_mounts,
     cgroup2_path,
     current_cgroup_directory,
-    requested_mode,
 )
+from launcher.agent.containment import requested_mode
 
 from tests.conftest import LAUNCHER, launcher_env
 

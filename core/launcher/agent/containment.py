@@ -35,6 +35,11 @@ and never made a subreaper (that would adopt, and at the end kill, orphans of th
 children). With a writable cgroup its workers are moved into the leaf right after they start (a
 function worker moves itself first thing, before it runs anything); what a command worker starts
 in the microseconds between its exec and that move is still covered by the token.
+
+This module chooses the mode and sets it up, and creates, enters, kills and removes the job's
+cgroup; where the cgroup is found and the warm-up for the move are in :mod:`launcher.agent.cgroups`,
+the subreaper's adopted orphans in :mod:`launcher.agent.orphans` (loaded only in that mode), and
+the kill of what ended workers left in :mod:`launcher.agent.sweep` (loaded when a group ends).
 """
 
 from __future__ import annotations
@@ -43,19 +48,15 @@ import _thread
 import contextlib
 import logging
 import os
-import signal
-import sys
 import time
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
-from launcher.agent._watchdog_main import (
-    cgroup_kill,
-    cgroup_pids,
-    cgroup_remove,
-    descendants,
-    move_to_cgroup,
-    proc_stat,
-)
+from launcher.agent._watchdog_main import cgroup_kill, cgroup_remove, move_to_cgroup
+from launcher.agent.cgroups import current_cgroup_directory, fast_switching, stop_warming, warming, warming_origin
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.orphans import Orphans
 
 log = logging.getLogger("launcher.agent")
 
@@ -68,201 +69,13 @@ MODES = ("auto", "subreaper", "off")
 POLL_INTERVAL = 0.25
 
 
-def _unescape(field: str) -> str:
-    """A mountinfo path field (spaces and the like are written as octal escapes)."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def cgroup2_mounts(mountinfo: str) -> list[tuple[str, str]]:
-    """(root, mount point) of every cgroup2 mount listed in ``mountinfo`` text."""
-    mounts = []
-    for line in mountinfo.splitlines():
-        head, sep, tail = line.partition(" - ")
-        if not sep or not tail.startswith("cgroup2 "):
-            continue
-        fields = head.split()
-        if len(fields) >= 5:
-            mounts.append((_unescape(fields[3]), _unescape(fields[4])))
-    return mounts
-
-
-def cgroup2_path(cgroup: str) -> str | None:
-    """This process's cgroup v2 path (the ``0::`` line of ``/proc/<pid>/cgroup`` text), if any."""
-    for line in cgroup.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip() or None
-    return None
-
-
-def cgroup2_directory(mountinfo: str, cgroup: str) -> str | None:
-    """The directory of the cgroup v2 named in ``cgroup`` text, through a mount in ``mountinfo``."""
-    path = cgroup2_path(cgroup)
-    if path is None or not path.startswith("/"):
-        return None
-    for root, mount_point in cgroup2_mounts(mountinfo):
-        # A mount shows the hierarchy from ``root`` down; a path outside it is not reachable there.
-        if root == "/":
-            relative = path
-        elif path == root or path.startswith(root.rstrip("/") + "/"):
-            relative = path[len(root.rstrip("/")):]
-        else:
-            continue
-        directory = mount_point.rstrip("/") + relative if relative != "/" else mount_point
-        if os.path.isdir(directory):
-            return directory
-    return None
-
-
-def current_cgroup_directory(pid: int | str = "self") -> str | None:
-    """The directory of the cgroup v2 that process ``pid`` is in, where one is mounted."""
-    try:
-        cgroup = _read_text(f"/proc/{pid}/cgroup")
-        if cgroup2_path(cgroup) is None:
-            return None
-        mountinfo = _read_text("/proc/self/mountinfo")
-    except OSError:
-        return None
-    return cgroup2_directory(mountinfo, cgroup)
-
-
-def _read_text(path: str) -> str:
-    """A /proc file, read plainly (on the start-up path: no text layer)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode(errors="surrogateescape")
-
-
 def requested_mode() -> str:
+    """The mode ``LAUNCHER_CONTAINMENT`` asks for (``auto`` when unset; warns and uses ``auto`` when invalid)."""
     value = os.environ.get(MODE_VARIABLE, "auto").strip().lower() or "auto"
     if value not in MODES:
         log.warning("%s=%s is not one of %s: using auto", MODE_VARIABLE, value, ", ".join(MODES))
         return "auto"
     return value
-
-
-def own_children() -> list[int]:
-    """This process's children (of every thread), zombies included."""
-    children: list[int] = []
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return children
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/children", "rb") as handle:
-                children.extend(int(child) for child in handle.read().split())
-        except OSError:
-            pass
-    return children
-
-
-class _Warmer:
-    """Keeps moving this process into the cgroup it is already in, until stopped (2 s at most).
-
-    A move into a cgroup first waits for an RCU grace period (5-25 ms), unless another move ended
-    less than about one grace period before. These no-op moves pay it while the command line still
-    builds its plan, and keep paying nothing more until the agent moves into the job's cgroup.
-    """
-
-    def __init__(self, origin: str) -> None:
-        self.origin = origin
-        self._stop = _thread.allocate_lock()
-        self._stop.acquire()
-        self._done = _thread.allocate_lock()
-        self._done.acquire()
-        fast_switching(True)
-        try:
-            _thread.start_new_thread(self._run, ())
-        except RuntimeError:
-            self._finish()
-
-    @property
-    def running(self) -> bool:
-        return self._done.locked()
-
-    def _finish(self) -> None:
-        fast_switching(False)
-        self._done.release()
-
-    def _run(self) -> None:
-        try:
-            fd = os.open(os.path.join(self.origin, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:
-            self._finish()
-            return
-        try:
-            deadline = time.monotonic() + 2.0
-            while True:
-                os.write(fd, b"0")
-                if self._stop.acquire(timeout=0.003) or time.monotonic() > deadline:
-                    break
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-            self._finish()
-
-    def stop(self) -> None:
-        """Stop, and wait until no more no-op move can come (it would undo the real one)."""
-        with contextlib.suppress(RuntimeError):
-            self._stop.release()
-        self._done.acquire()
-        self._done.release()
-
-
-_warmer: _Warmer | None = None
-_switching = [0, 0.005]  # holders of fast_switching(True), and the interval to restore
-_switching_lock = _thread.allocate_lock()
-
-
-def fast_switching(on: bool) -> None:
-    """While a set-up thread runs: it needs the interpreter lock back after each system call, which
-    the busy main thread gives up only every 5 ms by default. Calls nest (from any thread)."""
-    with _switching_lock:
-        if on:
-            if _switching[0] == 0:
-                _switching[1] = sys.getswitchinterval()
-                sys.setswitchinterval(min(_switching[1], 0.0002))
-            _switching[0] += 1
-        elif _switching[0] > 0:
-            _switching[0] -= 1
-            if _switching[0] == 0:
-                sys.setswitchinterval(_switching[1])
-
-
-def warm_up() -> None:
-    """The command line, as soon as it knows it will run a job: start paying the kernel's wait for
-    the agent's move into the job's cgroup (see :class:`_Warmer`) while the plan is being built.
-    Costs about 0.3 ms here; does nothing where no cgroup v2 is mounted or the mode is not auto."""
-    global _warmer
-    _stop_warming()
-    if requested_mode() != "auto":
-        return
-    origin = current_cgroup_directory()
-    if origin is not None and os.access(os.path.join(origin, "cgroup.procs"), os.W_OK):
-        _warmer = _Warmer(origin)
-
-
-def _stop_warming() -> None:
-    global _warmer
-    warmer, _warmer = _warmer, None
-    if warmer is not None:
-        warmer.stop()
 
 
 class Containment:
@@ -287,8 +100,7 @@ class Containment:
         self._thread: _thread.LockType | None = None
         self._notes: list[tuple[int, str]] = []  # what the set-up thread has to say (settle says it)
         self._mode_requested: str | None = None
-        self._adopted: set[int] = set()  # registered with the watchdog (subreaper mode)
-        self._next_poll = 0.0
+        self._orphans: Orphans | None = None  # made when the agent adopts orphans (subreaper mode, init)
         self._sid = os.getsid(0)
         #: The agent as a container's init adopts every orphan, whatever the mode: it reaps them too.
         self._init = own_process and os.getpid() == 1
@@ -311,7 +123,7 @@ class Containment:
         if self._located is None:
             self._located = []
             if self._requested() == "auto":
-                origin = _warmer.origin if _warmer is not None else current_cgroup_directory()
+                origin = warming_origin() or current_cgroup_directory()
                 if origin is not None:
                     self._located = [os.path.join(origin, f"launcher-{self.token}"), origin]
         return self._located
@@ -356,13 +168,13 @@ class Containment:
     def _setup(self) -> None:
         """On the set-up thread: the first mode that works. What to say is kept for :meth:`settle`."""
         located = self.locate()
-        if located and (_warmer is None or not _warmer.running):
+        if located and not warming():
             with contextlib.suppress(OSError):
                 move_to_cgroup(located[1])  # where it is: only warms the kernel up for the real move
         gate = self._gate
         if gate is not None:
             gate.acquire()  # until the watchdog runs
-        _stop_warming()
+        stop_warming()
         if located and self._make_cgroup():
             assert self.leaf is not None
             if not self.own_process:
@@ -421,9 +233,9 @@ class Containment:
             self._deferred = run
 
     def _become_subreaper(self) -> None:
-        from launcher.agent.process import set_child_subreaper
+        from launcher.agent.orphans import become_subreaper
 
-        set_child_subreaper(True)
+        become_subreaper()
 
     def settle(self) -> None:
         """Wait until the mode is in place: before the first worker (or ``--preload`` template) starts."""
@@ -470,28 +282,12 @@ class Containment:
 
     # -- while the job runs ------------------------------------------------------------------------
 
-    def _adopted_children(self, spare: Collection[int]) -> tuple[list[int], list[int]]:
-        """(live, exited) orphans this process adopted: children that are no worker, no known helper,
-        and in another session than this process (what the agent starts for itself shares its
-        session; a worker's descendants never do)."""
-        live: list[int] = []
-        exited: list[int] = []
-        for pid in own_children():
-            if pid in spare:
-                continue
-            info = proc_stat(pid)
-            if info is None or info[2] == self._sid:
-                continue
-            (exited if info[0] in ("Z", "X") else live).append(pid)
-        return live, exited
+    def _adopted(self) -> Orphans:
+        if self._orphans is None:
+            from launcher.agent.orphans import Orphans
 
-    def _reap(self, pids: Collection[int]) -> None:
-        for pid in pids:
-            with contextlib.suppress(ChildProcessError, OSError):
-                if os.waitpid(pid, os.WNOHANG)[0] and pid in self._adopted:
-                    self._adopted.discard(pid)
-                    if self._register is not None:
-                        self._register(pid, False)
+            self._orphans = Orphans(self._sid, self._register, POLL_INTERVAL)
+        return self._orphans
 
     @property
     def adopts(self) -> bool:
@@ -502,68 +298,28 @@ class Containment:
         """Where the agent adopts orphans, every ``POLL_INTERVAL``: reap those that exited, and register
         the others with the watchdog (which then kills them with the job if the agent dies).
         ``spare``: every worker and helper pid (their exit status belongs to someone else)."""
-        if not self.adopts or self._thread is not None:
-            return
-        now = time.monotonic()
-        if now < self._next_poll:
-            return
-        self._next_poll = now + POLL_INTERVAL
-        live, exited = self._adopted_children(spare)
-        self._reap(exited)
-        for pid in live:
-            if pid not in self._adopted:
-                self._adopted.add(pid)
-                if self._register is not None:
-                    self._register(pid, True)
-                log.debug("adopted orphan pid %d (registered with the watchdog)", pid)
+        if self.adopts and self._thread is None:
+            self._adopted().poll(spare)
 
     # -- stopping ------------------------------------------------------------------------------
 
-    def _doomed(self, spare: Collection[int], helpers: Collection[int]) -> set[int]:
-        me = os.getpid()
-        if self.mode == "cgroup" and self.job is not None:
-            doomed = set(cgroup_pids(self.job)) - {me}
-            if self.own_process:
-                # The agent is in the cgroup with what it starts for itself (the --preload template,
-                # multiprocessing's helpers): spare those, its children that are known helpers or in
-                # its own session, and what is below them short of a worker. A worker's orphan
-                # adopted by the agent is neither.
-                roots = []
-                for pid in own_children():
-                    if pid in spare:
-                        continue
-                    info = proc_stat(pid)
-                    if pid in helpers or (info is not None and info[2] == self._sid):
-                        roots.append(pid)
-                doomed -= descendants(roots, stop=set(spare))
-        elif self.mode == "subreaper":
-            live, exited = self._adopted_children({*spare, *helpers})
-            self._reap(exited)
-            doomed = descendants(live, stop=set(spare))
-        else:
-            return set()
-        doomed -= set(spare)
-        return {pid for pid in doomed if (proc_stat(pid) or ("X",))[0] not in ("Z", "X")}
-
     def sweep(self, spare: Collection[int] = (), helpers: Collection[int] = (), timeout: float = 5.0) -> set[int]:
-        """SIGKILL what the job's ended workers left (see the module docstring), until none is left;
-        the pids killed. ``spare``: the workers (never killed or reaped here: their exit status is
-        their handle's); ``helpers``: the agent's own processes (spared with what is below them)."""
+        """SIGKILL what the job's ended workers left (see :mod:`launcher.agent.sweep`), until none is
+        left; the pids killed. ``spare``: the workers (never killed or reaped here: their exit status
+        is their handle's); ``helpers``: the agent's own processes (spared with what is below them)."""
         if self.mode == "none" or self._thread is not None:
             return set()
-        killed: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            doomed = self._doomed(spare, helpers)
-            if not doomed:
-                break
-            for pid in doomed:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            killed |= doomed
-            time.sleep(0.002)  # orphans of the killed re-parent once their parent is gone
-        if self.mode == "subreaper":
-            self._reap(killed)
+        from launcher.agent.sweep import cgroup_leftovers, kill_until_none
+
+        if self.mode == "cgroup" and self.job is not None:
+            job = self.job
+            return kill_until_none(lambda: cgroup_leftovers(job, self.own_process, self._sid, spare, helpers),
+                                   spare, timeout)
+        if self.mode != "subreaper":
+            return set()
+        orphans = self._adopted()
+        killed = kill_until_none(lambda: orphans.leftovers(spare, helpers), spare, timeout)
+        orphans.reap(killed)
         return killed
 
     def close(self, helpers: Collection[int] = ()) -> None:
@@ -590,8 +346,7 @@ class Containment:
             killed = self.sweep(helpers=helpers)
             if killed:
                 log.info("killed %d orphan(s) of the job (pids %s)", len(killed), ", ".join(map(str, sorted(killed))))
-            from launcher.agent.process import set_child_subreaper
+            from launcher.agent.orphans import stop_being_subreaper
 
-            with contextlib.suppress(OSError, AttributeError):
-                set_child_subreaper(False)
+            stop_being_subreaper()
         self.mode = "none"
