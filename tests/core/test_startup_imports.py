@@ -22,7 +22,8 @@ def _imported_modules(args: list[str]) -> set[str]:
     return modules
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["plugins"], ["plugins", "--json"], ["--nnodes", "0", "x.py"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["plugins"], ["plugins", "--json"],
+                                  ["--nnodes", "0", "x.py"]])
 def test_no_heavy_imports(args):
     modules = _imported_modules(args)
     assert "launcher" in modules

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+
 def _unescape(field: str) -> str:
     """A mountinfo path field (spaces and the like are written as octal escapes)."""
     if "\\" not in field:

@@ -21,12 +21,12 @@ The template must be safe to fork: it refuses (and workers start normally, with 
 why) when an import initialized CUDA, started a Python thread or a native thread that a fork does
 not stop (native threads are counted again after a fork that ends at once: OpenBLAS, which
 ``import torch`` loads through numpy, stops its pool before a fork and starts it again after, so
-one worker per node needs no ``OMP_NUM_THREADS``), started a process or opened a socket. It is re-created when a file of a module
-it loaded changes on disk (checked at each start and restart) or when the workers' shared
-environment changes. It carries the job's token, so the watchdog kills it with the job; the agent
-kills it when the job ends. The command line's agent starts it once in the job's cgroup (see
-``containment.py``), so the workers it forks are born there too; the subreaper flag set for each
-fork nests with the one that containment may hold for the whole job.
+one worker per node needs no ``OMP_NUM_THREADS``), started a process or opened a socket. It is
+re-created when a file of a module it loaded changes on disk (checked at each start and restart)
+or when the workers' shared environment changes. It carries the job's token, so the watchdog kills
+it with the job; the agent kills it when the job ends. The command line's agent starts it once in
+the job's cgroup (see ``containment.py``), so the workers it forks are born there too; the
+subreaper flag set for each fork nests with the one that containment may hold for the whole job.
 
 Where preloading cannot apply (``--no-python``, ``--run-path`` and other function entrypoints, a
 command that is not ``python -u SCRIPT``), workers start normally and one line says so.
