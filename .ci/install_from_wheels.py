@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import venv
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,8 +37,11 @@ SKIP = shutil.ignore_patterns(".git", ".tox", ".venv", "build", "dist", "*.egg-i
                               ".mypy_cache", ".ruff_cache", ".pytest_cache", "site", "results")
 
 
+_STARTED = time.monotonic()
+
+
 def step(what: str) -> None:
-    print(f"wheels: {what}", flush=True)
+    print(f"wheels: [{time.monotonic() - _STARTED:5.1f} s] {what}", flush=True)
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> str:
@@ -76,7 +79,9 @@ def environment(work: Path, wheels: list[Path]) -> Path:
     """A fresh virtual environment with the wheels and their dependencies installed; its bin directory."""
     target = work / "venv"
     step(f"creating a virtual environment in {target}")
-    venv.create(target, with_pip=True, clear=True)
+    # virtualenv (tox's own dependency) rather than venv: it needs no ensurepip, which some
+    # system interpreters (Debian's without python3-venv) lack.
+    run([sys.executable, "-m", "virtualenv", "--quiet", "--clear", str(target)], cwd=work)
     bin_dir = target / "bin"
     step("installing the wheels, their dependencies and " + ", ".join(JOB_REQUIREMENTS))
     # By name, with the wheels' directory as a source: each requirement (launcher-core>=0.1 of a
