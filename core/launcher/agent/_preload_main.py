@@ -138,14 +138,17 @@ def _cuda_initialized():
 
 def _native_threads_after_fork():
     """This process's threads once a fork has run the libraries' fork handlers (the child exits at once)."""
-    if sys.version_info >= (3, 12):  # os.fork() warns in a multi-threaded process: here it is meant
-        import warnings
+    try:
+        if sys.version_info >= (3, 12):  # os.fork() warns in a multi-threaded process: here it is meant
+            import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        else:
             pid = os.fork()
-    else:
-        pid = os.fork()
+    except OSError:  # no process to be had: count every thread, as before a fork
+        return _native_threads()
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)
