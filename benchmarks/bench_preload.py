@@ -1,4 +1,4 @@
-"""``--preload torch``: the first start and the restart of a 4-rank job whose workers import torch.
+"""``--preload torch``: the first start and the restart of a 4-rank (or N-rank) job whose workers import torch.
 
 Every worker's first statement is ``import torch``; it then writes its clock reading. Three tools
 run the same script, from the same clean virtual environment (bench_venv.py), taking turns run by
@@ -11,8 +11,12 @@ run: ``launcher --preload torch``, plain ``launcher`` (for reference), and torch
   imported torch) until every replacement worker has imported torch, with ``--max-restarts 1``
   (goal: <= 0.2x torchrun).
 
+``--nproc-per-node 1`` measures the one-worker node (one GPU, one worker) as users run it: without
+``OMP_NUM_THREADS`` (with more workers it is 1, as both tools set it), rank 0 failing, figures
+written to ``benchmarks/results/preload-1.json``.
+
 Usage: ``python benchmarks/bench_preload.py [--runs 7] [--only first_start restart]
-[--json benchmarks/results/preload.json]``
+[--nproc-per-node 4] [--json benchmarks/results/preload.json]``
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ with open(os.path.join(out, f"{attempt}_{rank}.tmp"), "w") as f:
     f.write(repr(t))
 os.replace(os.path.join(out, f"{attempt}_{rank}.tmp"), os.path.join(out, f"{attempt}_{rank}"))
 if scenario == "restart" and attempt == "0":
-    if rank == "1":
+    if rank == ("1" if os.environ["WORLD_SIZE"] != "1" else "0"):
         while len([n for n in os.listdir(out) if n.startswith("0_") and not n.endswith(".tmp")]) < int(
                 os.environ["LOCAL_WORLD_SIZE"]):
             time.sleep(0.005)
@@ -69,7 +73,10 @@ def commands() -> dict[str, list[str]]:
 
 def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
-    env["OMP_NUM_THREADS"] = "1"
+    if NPROC > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    else:  # one worker: neither tool sets it, and users seldom do
+        env.pop("OMP_NUM_THREADS", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # cached bytecode, as on a user's machine
     return env
 
@@ -91,11 +98,17 @@ def measure(scenario: str, cmd: list[str], script: Path, work: Path) -> float:
 
 
 def main() -> None:
+    global NPROC
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
-    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "preload.json"))
+    parser.add_argument("--nproc-per-node", type=int, default=NPROC, choices=range(1, 65), metavar="N")
+    parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    NPROC = args.nproc_per_node
+    if args.json is None:
+        name = "preload.json" if NPROC == 4 else f"preload-{NPROC}.json"
+        args.json = str(ROOT / "benchmarks" / "results" / name)
     ensure_venv()
     tools = commands()
     results: dict[str, dict[str, object]] = {}
