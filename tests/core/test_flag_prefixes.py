@@ -15,7 +15,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-
 from launcher.errors import UsageError
 from launcher.options import build_parser
 

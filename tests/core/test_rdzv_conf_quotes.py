@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from launcher.config import parse_rdzv_conf
 from launcher.errors import UsageError
 

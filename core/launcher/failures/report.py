@@ -29,8 +29,8 @@ from typing import Any, ClassVar, Protocol
 
 from launcher.failures.errorfile import ErrorFileContent, ErrorFileError, write_atomically
 from launcher.failures.exits import exit_status, explain_signal, signal_name
-from launcher.failures.shutdown_abort import explain_terminate_at_exit, is_terminate_at_exit
 from launcher.failures.render import format_time, render_ranks, render_report
+from launcher.failures.shutdown_abort import explain_terminate_at_exit, is_terminate_at_exit
 
 # Importable from here as before the report was split by job.
 __all__ = [
