@@ -84,6 +84,25 @@ def test_a_gloo_group_left_alive_is_destroyed_after_the_scripts_own_exit_handler
                          f"rank {rank} group destroyed"], result.stdout
 
 
+def test_preloaded_script_workers_tear_the_group_down_too(write_script):
+    """--preload torch: launcher's template runs the script, so it can do what --run-path does."""
+    script = write_script("leave.py", GLOO_LEFT_ALIVE)
+    result = run_launcher(["--standalone", "--nproc-per-node", "2", "--preload", "torch", script], timeout=180)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        lines = [line.split(":", 1)[1] for line in result.stdout.splitlines()
+                 if line.startswith(f"[default{rank}]:")]
+        assert lines == [f"rank {rank} sum 1", "script's exit handler: initialized=True",
+                         f"rank {rank} group destroyed"], result.stdout
+
+
+def test_plain_script_workers_run_no_launcher_code(write_script):
+    """Without --run-path or --preload the worker is the user's script alone: nothing is torn down."""
+    script = write_script("leave.py", GLOO_LEFT_ALIVE)
+    result = run_launcher(["--standalone", "--nproc-per-node", "2", script], timeout=180)
+    assert "group destroyed" not in result.stdout, result.stdout
+
+
 def test_a_script_that_destroys_its_group_itself_is_left_alone(write_script):
     script = write_script("tidy.py", GLOO_LEFT_ALIVE + "    dist.destroy_process_group()\n")
     result = run_launcher(["--standalone", "--nproc-per-node", "2", "--run-path", script], timeout=180)
