@@ -316,7 +316,7 @@ def _arm_group_teardown():
     if "torch.distributed" not in sys.modules or "atexit" not in sys.modules:
         return
     path = os.path.join(os.path.dirname(_HERE), "exit_teardown.py")
-    teardown = {"__name__": "_launcher_exit_teardown"}
+    teardown: dict = {"__name__": "_launcher_exit_teardown"}
     try:
         with open(path, "rb") as handle:
             exec(compile(handle.read(), path, "exec", dont_inherit=True), teardown)
