@@ -219,8 +219,31 @@ def parse_std(value: str, flag: str) -> StdSpec:
     return mapping
 
 
+_QUOTES = "'\""
+
+
+def _check_stray_quotes(value: str) -> None:
+    """Refuse a value that still carries the quotes of a quoting layer that did not remove them.
+
+    ``--rdzv-conf='join_timeout=5,timeout=5'`` quoted once more (in a YAML command list, a script
+    that quotes its arguments) arrives with the quotes in it. torchrun then silently ignores the
+    mangled keys; here it is refused, with the value as it was meant. Keys never hold quotes, and
+    a value is never wrapped in them.
+    """
+    for item in value.split(","):
+        key, _, val = item.strip().partition("=")
+        val = val.strip()
+        if any(mark in key for mark in _QUOTES) or (val and (val[0] in _QUOTES or val[-1] in _QUOTES)):
+            unquoted = value.translate({ord(mark): None for mark in _QUOTES})
+            raise UsageError(
+                f"--rdzv-conf {quote(value)} carries quote characters (a quoting layer passed them on): "
+                f"give it without them, --rdzv-conf {unquoted}"
+            )
+
+
 def parse_rdzv_conf(value: str) -> dict[str, str]:
     """``key1=value1,key2=value2``; an empty value is an error (it would silently mean the default)."""
+    _check_stray_quotes(value)
     conf: dict[str, str] = {}
     for item in value.split(","):
         if not item.strip():

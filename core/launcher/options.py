@@ -111,12 +111,47 @@ class _EnvSwitch(argparse.Action):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line and raise instead of exiting."""
+    """An ArgumentParser whose errors are one line and raise instead of exiting.
+
+    Long flags may be abbreviated exactly as torchrun's parser allows (argparse's ``allow_abbrev``),
+    but a prefix is matched against torchrun's own flags only (:attr:`abbreviable`): a flag
+    launcher adds can never make a prefix that torchrun accepts ambiguous, nor give a prefix
+    torchrun refuses a meaning. launcher's own flags are spelled out in full.
+    """
+
+    #: The option strings a long-flag prefix may stand for: torchrun's, set by :func:`build_parser`.
+    abbreviable: frozenset[str] = frozenset()
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # argparse's matches for an unknown ``--prefix[=value]``; each tuple's second item is the
+        # option string matched (Python 3.10 to 3.13). Short options (``-r3``) are left as they are.
+        matches = super()._get_option_tuples(option_string)
+        if option_string.startswith("--"):
+            matches = [match for match in matches if match[1] in self.abbreviable]
+        return matches
 
     def error(self, message: str) -> NoReturn:
         if "required: training_script" in message:
             message = USAGE_LINE
+        elif message.startswith("ambiguous option: "):
+            message += ": give more of the flag's name"
+        elif message.startswith("unrecognized arguments: "):
+            message += self._own_flag_hint(message.split(": ", 1)[1].split(" ", 1)[0])
         raise UsageError(one_line(message))
+
+    def _own_flag_hint(self, argument: str) -> str:
+        """For a prefix of launcher's own flags only: which flags it would match, and why it does not."""
+        prefix = argument.split("=", 1)[0]
+        if not prefix.startswith("--") or len(prefix) < 3:
+            return ""
+        own = []
+        for action in self._actions:  # one spelling per flag: the first the prefix matches
+            matched = [flag for flag in action.option_strings if flag.startswith(prefix)]
+            if matched and matched[0] not in self.abbreviable:
+                own.append(matched[0])
+        if not own:
+            return ""
+        return f" (launcher's own flags are never abbreviated: did you mean {' or '.join(own)}?)"
 
 
 def _terminal_columns() -> int:
@@ -156,7 +191,7 @@ def _flag(*names: str) -> list[str]:
     return spelled
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The argument parser, identical in flags and defaults to torchrun 2.13's."""
     parser = _Parser(
         prog="launcher",
@@ -165,7 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
             "Start a distributed PyTorch job: a drop-in replacement for torchrun. "
             "'launcher plugins [--json]' lists installed plugins."
         ),
-        allow_abbrev=False,
     )
     add = parser.add_argument
     from launcher import __version__
@@ -238,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seconds between a forwarded signal and SIGKILL (default TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30).")
     add(*_flag("--virtual-local-rank"), action=_EnvSwitch,
         help="Every worker sees LOCAL_RANK=0 and exactly one device.")
+    # Every flag so far is torchrun's: a prefix of one of these (and of no other of these) stands
+    # for it, as in torchrun; the flags below must be given in full.
+    parser.abbreviable = frozenset(flag for action in parser._actions for flag in action.option_strings
+                                   if flag.startswith("--"))
     # launcher's own additions (no torchrun equivalent).
     add(*_flag("--exit-barrier-timeout"), action=_EnvDefault, default="300",
         help="Seconds a finished node waits for the others before exiting (default 300).")

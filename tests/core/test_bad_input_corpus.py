@@ -79,7 +79,8 @@ ETCD = ("--nnodes", "2", "--rdzv-backend", "etcd")
 WITH_ETCD = {"PYTHONPATH": "{etcd}"}
 NO_AUTOLOAD = {"LAUNCHER_DISABLE_PLUGIN_AUTOLOAD": "1"}
 UNRESOLVABLE = "cannot resolve the host 'no-such-host.invalid' (the .invalid domain never resolves)"
-#: The seven bad --rdzv-conf values of issue 11, each with a fragment of its message.
+#: The seven bad --rdzv-conf values of issue 11, and issue 32's stray quotes (a value quoted once
+#: more than its shell removes), each with a fragment of its message.
 BAD_RDZV_CONF = [
     ("join_timeout=abc", JOIN + ", got 'abc'"),
     ("join_timeout=nan", JOIN + ", got 'nan'"),
@@ -88,6 +89,10 @@ BAD_RDZV_CONF = [
     ("close_timeout=x", "--rdzv-conf close_timeout must be a number of seconds above 0"),
     ("read_timeout=-1", "--rdzv-conf read_timeout must be a number of seconds above 0"),
     ("last_call_timeout=inf", "--rdzv-conf last_call_timeout must be a number of seconds above 0"),
+    ("'join_timeout=5,timeout=5'", "--rdzv-conf \"'join_timeout=5,timeout=5'\" carries quote characters "
+     "(a quoting layer passed them on): give it without them, --rdzv-conf join_timeout=5,timeout=5"),
+    ('join_timeout="5"', "carries quote characters (a quoting layer passed them on): give it without them, "
+     "--rdzv-conf join_timeout=5"),
 ]
 
 CORPUS = [
@@ -330,6 +335,11 @@ CORPUS = [
     case("--role", "a\nb", expect="--role must be a non-empty name without control characters, got 'a\\nb'"),
     case("--no-such-flag", expect="unrecognized arguments: --no-such-flag"),
     case("--no-such\nflag", expect="unrecognized arguments: --no-such\\nflag"),
+    # Abbreviations: torchrun's flags take any unambiguous prefix; launcher's own flags none.
+    case("--nproc=2", expect="ambiguous option: --nproc=2 could match --nproc-per-node, --nproc_per_node"),
+    case("--numa=node", expect="ambiguous option: --numa=node could match --numa-binding, --numa_binding"),
+    case("--exit-barrier=5", expect="launcher's own flags are never abbreviated: did you mean --exit-barrier-timeout?"),
+    case("--prel", "torch", expect="unrecognized arguments: --prel (launcher's own flags are never abbreviated"),
     case("--nnodes", expect="expected one argument", script=False),
     case(expect="no script given; usage: launcher [options] SCRIPT", script=False),
     case(expect="PET_STANDALONE='maybe' is not a switch value", env={"PET_STANDALONE": "maybe"}),

@@ -360,6 +360,23 @@ def _report(exc, main_globals):
     sys.excepthook = lambda *_: None
 
 
+def _arm_group_teardown():
+    """Tear down a gloo group the script leaves alive, after its exit handlers, as a ``--run-path``
+    worker does: ``exit_teardown.py`` beside this file, run from its source (no launcher import
+    here). Only where torch was preloaded: then ``atexit`` is loaded already and the worker's
+    ``sys.modules`` stays what it would be; otherwise the script imports torch itself, later."""
+    if "torch.distributed" not in sys.modules or "atexit" not in sys.modules:
+        return
+    path = os.path.join(os.path.dirname(_HERE), "exit_teardown.py")
+    teardown: dict = {"__name__": "_launcher_exit_teardown"}
+    try:
+        with open(path, "rb") as handle:
+            exec(compile(handle.read(), path, "exec", dont_inherit=True), teardown)
+        teardown["arm"]()
+    except (OSError, SyntaxError):  # no teardown is the plain worker's behaviour: never fail the job for it
+        pass
+
+
 # -- the template's loop --------------------------------------------------------------------------
 
 
@@ -450,6 +467,7 @@ if __name__ == "__main__":
     # The worker's code runs right here, at this module's top level, so that its stacks (tracebacks
     # aside, which _report trims) show one frame of this file above the script's, as few as can be.
     _globals, _module = _prepare(_serve())
+    _arm_group_teardown()  # before the script: its own exit handlers run first
     try:
         if _module is None:
             exec(_compile(_globals), _globals)

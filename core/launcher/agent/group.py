@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from launcher.agent._watchdog_main import descendants, job_processes
 from launcher.agent.containment import POLL_INTERVAL
-from launcher.agent.process import WorkerProcess, start_command, start_function
+from launcher.agent.process import FunctionWorker, WorkerProcess, start_command, start_function
 from launcher.agent.watchdog import Watchdog, job_env
 from launcher.logs.pump import OutputPump, StreamRoute, open_log
 from launcher.logs.specs import CONSOLE
@@ -52,6 +52,13 @@ class WorkerSlot:
     error_file: str | None = None
     #: Called whenever the worker writes output (hang watching by output), set before it starts.
     on_output: Callable[[], None] | None = None
+
+
+@dataclass
+class _Delivery:
+    """Selector data: this function worker's channel (its result is written, or it ended)."""
+
+    slot: WorkerSlot
 
 
 @dataclass
@@ -190,6 +197,8 @@ class WorkerGroup:
                 self._selector.register(slot.process.fileno(), selectors.EVENT_READ, slot)
             else:
                 self._polled.append(slot)
+            if isinstance(slot.process, FunctionWorker):  # its word that the result is written
+                self._selector.register(slot.process.channel_fd(), selectors.EVENT_READ, _Delivery(slot))
 
     def _channel(self, route: StreamRoute, worker_tty: str) -> tuple[int, int]:
         """The (read, write) ends a worker stream goes through: a pipe, or a pty (master, slave)."""
@@ -247,6 +256,10 @@ class WorkerGroup:
                 with contextlib.suppress(BlockingIOError, OSError):
                     os.read(key.fd, 512)
                 continue
+            if isinstance(key.data, _Delivery):
+                self._selector.unregister(key.fd)
+                self._take_result(key.data.slot)
+                continue
             slot: WorkerSlot = key.data
             if slot.process is not None and slot.process.poll() is not None:
                 self._selector.unregister(key.fd)
@@ -258,6 +271,20 @@ class WorkerGroup:
         if self._containment.adopts:  # a child subreaper: orphans it adopted
             self._containment.poll({*self._worker_pids(), *self._helpers()})
         return ended
+
+    def _take_result(self, slot: WorkerSlot) -> None:
+        """Take a function worker's result; once every local worker's is taken, let them all exit.
+
+        As under torchrun, no worker leaves before its local peers have finished their code too:
+        a peer still inside a collective never sees this one's connections close under it.
+        """
+        assert isinstance(slot.process, FunctionWorker)
+        if not slot.process.take_result():
+            return  # it ended without one: its exit is the news (a failure stops the others)
+        if all(isinstance(s.process, FunctionWorker) and s.process.delivered for s in self.slots):
+            for other in self.slots:
+                assert isinstance(other.process, FunctionWorker)
+                other.process.release()
 
     def _worker_pids(self) -> set[int]:
         return {slot.process.pid for slot in self.slots if slot.process is not None}

@@ -58,6 +58,9 @@ class WorkerProcess:
         #: ``None`` while running; then 0, a positive exit code, or ``-signum``.
         self.returncode: int | None = None
         self.ended_at: float | None = None
+        #: A function worker whose function returned and whose result the agent took: it waits
+        #: for :meth:`FunctionWorker.release`, not running the worker's code any more.
+        self.delivered = False
 
     def fileno(self) -> int:
         raise NotImplementedError
@@ -205,14 +208,47 @@ def set_child_subreaper(on: bool) -> None:
 
 
 class FunctionWorker(WorkerProcess):
-    """A worker that runs a Python callable through multiprocessing (spawn, fork or forkserver)."""
+    """A worker that runs a Python callable through multiprocessing (spawn, fork or forkserver).
+
+    Once the callable has returned and its result is written, the worker says so on its channel
+    and waits until the agent has taken the result and lets it go (:meth:`release`; as torchrun's
+    workers wait until the agent has every local worker's return value): no worker leaves while
+    its local peers still run their code, and the agent holds the result before the worker exits.
+    """
 
     def __init__(self, local_rank: int, process: multiprocessing.process.BaseProcess, result_path: str,
-                 started_at: float) -> None:
+                 started_at: float, channel: multiprocessing.connection.Connection) -> None:
         assert process.pid is not None
         super().__init__(local_rank, process.pid, started_at)
         self._process = process
         self.result_path = result_path
+        self._channel: multiprocessing.connection.Connection | None = channel
+        self._result: Any = None
+
+    def channel_fd(self) -> int:
+        """A descriptor readable once the worker's result is written (or the worker ended)."""
+        assert self._channel is not None
+        return self._channel.fileno()
+
+    def take_result(self) -> bool:
+        """Take the result the worker announced on its channel; False when it ended without one."""
+        if self._channel is None:
+            return self.delivered
+        try:
+            self._channel.recv_bytes()
+        except (EOFError, OSError):  # it ended (failed, or exited from its code) without a result
+            return False
+        self._result = self._load()
+        self.delivered = True
+        return True
+
+    def release(self) -> None:
+        """Let the worker exit; one that already ended, or a channel already closed, is fine."""
+        if self._channel is not None:
+            with contextlib.suppress(OSError):
+                self._channel.send_bytes(b"go")
+            self._channel.close()
+            self._channel = None
 
     def fileno(self) -> int:
         return self._process.sentinel
@@ -228,12 +264,18 @@ class FunctionWorker(WorkerProcess):
 
     def result(self) -> Any:
         """The callable's return value (after a successful exit)."""
+        return self._result if self.delivered else self._load()
+
+    def _load(self) -> Any:
         import pickle
 
         with open(self.result_path, "rb") as handle:
             return pickle.load(handle)
 
     def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
         with contextlib.suppress(ValueError):
             self._process.close()
 
@@ -250,6 +292,7 @@ def _function_main(
     parent_death_signal: bool,
     close_fds: tuple[int, ...],
     cgroup: str | None = None,
+    channel: multiprocessing.connection.Connection | None = None,
 ) -> None:
     """Entry point of a function worker, in the child process."""
     if cgroup:  # the Python API's job cgroup: before anything here can start a process
@@ -276,12 +319,32 @@ def _function_main(
         from launcher.hangs.stacks import arm_here
 
         arm_here(env)
+    from launcher.agent import exit_teardown
+
+    exit_teardown.arm()  # before the function runs: its own exit handlers run first
     result = fn(*args)
     import pickle
 
     with open(result_path + ".tmp", "wb") as handle:
         pickle.dump(result, handle)
     os.replace(result_path + ".tmp", result_path)
+    if channel is not None:
+        _hand_over(channel)
+
+
+def _hand_over(channel: multiprocessing.connection.Connection) -> None:
+    """Tell the agent the result is written; return once it lets this worker go.
+
+    The agent lets every local worker go together, once it has all their results (torchrun's
+    workers wait the same way); an agent that is gone ends the wait too (its end closed).
+    """
+    try:
+        channel.send_bytes(b"done")
+        channel.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    finally:
+        channel.close()
 
 
 def start_function(
@@ -308,15 +371,20 @@ def start_function(
     # the start method; the child moves them onto fds 1 and 2.
     out = multiprocessing.connection.Connection(os.dup(stdout_fd), readable=False)
     err = multiprocessing.connection.Connection(os.dup(stderr_fd), readable=False)
+    ours, theirs = multiprocessing.connection.Pipe(duplex=True)  # "done" one way, "go" the other
     process = context.Process(  # type: ignore[attr-defined]
         target=_function_main,
         args=(fn, args, dict(env), out, err, result_path, os.getpid(), cpus, parent_death_signal,
-              close_fds if start_method == "fork" else (), cgroup),
+              (*close_fds, ours.fileno()) if start_method == "fork" else (), cgroup, theirs),
         name=f"launcher-worker-{local_rank}",
     )
     try:
         process.start()
+    except BaseException:
+        ours.close()
+        raise
     finally:
         out.close()
         err.close()
-    return FunctionWorker(local_rank, process, result_path, time.time())
+        theirs.close()
+    return FunctionWorker(local_rank, process, result_path, time.time(), ours)

@@ -89,6 +89,7 @@ class NodeReporter:
                     stderr_tail=group.stderr_tail(slot),
                     group_rank=self.group_rank,
                     node_addr=self.node_addr,
+                    code_finished=process.delivered,
                 )
             )
             self._emit(

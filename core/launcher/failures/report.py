@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Protocol
 from launcher.failures.errorfile import ErrorFileContent, ErrorFileError, write_atomically
 from launcher.failures.exits import exit_status, explain_signal, signal_name
 from launcher.failures.render import format_time, render_ranks, render_report
+from launcher.failures.shutdown_abort import explain_terminate_at_exit, is_terminate_at_exit
 
 # Importable from here as before the report was split by job.
 __all__ = [
@@ -85,6 +86,9 @@ class WorkerFailure:
     #: shared by several nodes, containers say).
     group_rank: int | None = None
     node_addr: str | None = None
+    #: Its code is known to have returned before it died (a function worker whose result the
+    #: agent had taken): a death after that is one of the interpreter's exit.
+    code_finished: bool = False
 
     @property
     def node_label(self) -> str:
@@ -125,6 +129,7 @@ class WorkerFailure:
             "stderr_tail": list(self.stderr_tail),
             "group_rank": self.group_rank,
             "node_addr": self.node_addr,
+            "code_finished": self.code_finished,
         }
 
     @classmethod
@@ -143,6 +148,7 @@ class WorkerFailure:
             stderr_tail=list(data.get("stderr_tail") or []),
             group_rank=data.get("group_rank"),
             node_addr=data.get("node_addr"),
+            code_finished=bool(data.get("code_finished", False)),
         )
 
 
@@ -247,6 +253,8 @@ class ReportedFailure:
             signum = self.failure.shell_reported_signal
         if signum is None:
             return None
+        if is_terminate_at_exit(self.failure.signal, self.failure.stderr_tail):
+            return explain_terminate_at_exit(self.failure.code_finished)
         return explain_signal(signum, likely_oom=self.likely_oom, after_hang=after_hang)
 
     def summary(self) -> str:

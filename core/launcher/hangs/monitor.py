@@ -280,7 +280,9 @@ class HangMonitor:
 
     def _running(self, local_rank: int) -> bool:
         slot = self._slot(local_rank)
-        return slot is not None and slot.process is not None and slot.process.poll() is None
+        # A function worker that delivered its result only waits for its peers: not hung.
+        return (slot is not None and slot.process is not None and slot.process.poll() is None
+                and not slot.process.delivered)
 
     def _slot(self, local_rank: int) -> WorkerSlot | None:
         if self._group is None:
