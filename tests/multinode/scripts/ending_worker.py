@@ -1,0 +1,47 @@
+"""A worker for the end-of-job tests: the group forms, then each rank works alone for a while.
+
+Every rank joins the gloo group, makes one all_reduce, prints ``rank R ready``, leaves the group
+and then "works" (sleeps) without further collectives, so that one node can finish, fail or
+vanish while the others run, and no rank fails merely because a peer went away.
+
+``MN_RUN``: how long each rank works, ``RANK:SECONDS`` pairs and a default ``*:SECONDS``
+(``0:0,1:0,*:600``: ranks 0 and 1 finish at once, the others run for ten minutes).
+``MN_FAIL_RANK`` (a global rank) then exits with ``MN_FAIL_CODE`` instead of 0, after writing
+``boom: rank R gives up (exit C)`` to stderr, as a rank failing in its post-training code would.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def run_seconds(rank: int) -> float:
+    table = dict(item.split(":", 1) for item in os.environ.get("MN_RUN", "*:0").split(",") if item)
+    return float(table.get(str(rank), table.get("*", "0")))
+
+
+def main() -> int:
+    timeout = datetime.timedelta(seconds=float(os.environ.get("MN_PG_TIMEOUT", "60")))
+    dist.init_process_group("gloo", timeout=timeout)
+    rank = dist.get_rank()
+    dist.all_reduce(torch.ones(1))
+    print(f"rank {rank} ready", flush=True)
+    # Local only for gloo; without it gloo may abort the process at exit.
+    dist.destroy_process_group()
+    time.sleep(run_seconds(rank))
+    if rank == int(os.environ.get("MN_FAIL_RANK", "-1")):
+        code = int(os.environ.get("MN_FAIL_CODE", "7"))
+        sys.stderr.write(f"boom: rank {rank} gives up (exit {code})\n")
+        sys.stderr.flush()
+        return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
