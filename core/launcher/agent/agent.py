@@ -221,8 +221,9 @@ class Agent:
             except RendezvousClosedError:
                 if pending is None:
                     raise
-                result = report.job_failed(*pending, closer=False, oom_watch=self._oom_watch)
-                self._emit("job_failed", reason="worker failure", failures=len(pending[1]))
+                last, failures, ranks = pending
+                result = report.job_failed(last, handler, failures, ranks, closer=False, oom_watch=self._oom_watch)
+                self._emit("job_failed", reason="worker failure", failures=len(failures))
                 return result
             pending = None
             if previous is not None:
@@ -262,16 +263,16 @@ class Agent:
                 try:
                     # A signal ends the wait for the other nodes at once (up to --exit-barrier-timeout).
                     with self._signals.interruptible():
-                        ended = exit_barrier(info, handler, report, run_id=plan.run_id,
-                                             timeout=plan.exit_barrier_timeout, ranks=ranks)
+                        unfinished = exit_barrier(info, handler, report, run_id=plan.run_id,
+                                                  timeout=plan.exit_barrier_timeout, ranks=ranks)
                 except SignalReceived as exc:
                     name = signal.Signals(exc.signum).name
                     return AgentResult(exit_code=128 + exc.signum, message=(
                         f"received {name} while waiting for the other nodes to finish (every worker of this "
                         "node had succeeded); the job was closed for every node"))
-                if ended is not None:  # the job cannot finish any more (see launcher.agent.barrier)
-                    self._emit("job_failed", reason=ended.message or "the job failed on another node")
-                    return ended
+                if unfinished is not None:  # the job cannot finish any more (see launcher.agent.barrier)
+                    self._emit("job_failed", reason=unfinished.message or "the job failed on another node")
+                    return unfinished
                 self._emit("job_succeeded", restart_count=self._restart_count)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome is WatchOutcome.MEMBERSHIP:
@@ -302,7 +303,7 @@ class Agent:
             if finished:
                 return cannot_reform(info, handler, report, finished, failures, ranks, self._emit, hang=hang,
                                      oom_watch=self._oom_watch,
-                                     what="a restart" if remaining_restarts > 0 else "re-forming the group")
+                                     what="a restart" if remaining_restarts > 0 else None)
             pending = (info, failures, ranks) if multi else None
             if hang is None and multi and await_lost_nodes(handler, plan, self._emit, info, grace=0.0):
                 continue  # a node another node already found lost broke the collectives: no restart counted

@@ -95,18 +95,21 @@ def reform_blocked(info: RendezvousInfo, handler: RendezvousHandler, reporter: N
 
 def cannot_reform(info: RendezvousInfo, handler: RendezvousHandler, reporter: NodeReporter,
                   finished: list[FinishedNode], failures: list[WorkerFailure], ranks: list[RankState],
-                  emit: Callable[..., None], *, what: str, hang: HangReport | None = None,
+                  emit: Callable[..., None], *, what: str | None, hang: HangReport | None = None,
                   oom_watch: OomWatch | None = None) -> AgentResult:
     """End the job for every node, because ``finished`` nodes will join no other round: with
-    this node's failures as the root cause, or the lost nodes that made it re-form."""
-    note = no_reform_note(finished, what)
-    log.error("%s", note)
+    this node's failures as the root cause, or the lost nodes that made it re-form. ``what``
+    would have been tried (``a restart``), for the note that says why it was not; ``None``
+    when nothing would have been (no restart left): then no note."""
+    notes = [no_reform_note(finished, what)] if what else []
+    for note in notes:
+        log.error("%s", note)
     reason = None
     if not failures:
         lost = ", ".join(reporter.lost) or "a node"
         reason = f"lost contact with {lost} before it finished"
     result = reporter.job_failed(info, handler, failures, ranks, closer=True, hang=hang, oom_watch=oom_watch,
-                                 reason=reason, notes=[note])
+                                 reason=reason, notes=notes)
     emit("job_failed", reason=result.message or "worker failure", failures=len(failures))
     return result
 
