@@ -147,6 +147,29 @@ def test_a_failure_after_two_nodes_finished_names_both(make_network, start_agent
         assert_no_restart_because_finished(agent, [(0, net[0].addr), (2, net[2].addr)])
 
 
+@pytest.mark.timeout(240)
+def test_a_failure_just_before_the_other_node_finishes_is_reported_not_restarted(make_network, start_agent):
+    """The race: rank 3 on node 1 fails while node 0's workers still run, and node 1 restarts;
+    node 0 asks the rendezvous only every 30 s, so it never sees node 1 waiting: its workers
+    finish, and at its barrier it finds node 1's claim to restart. Node 0 ends the job; node 1,
+    whose new round is then closed, reports its failure. Both exit 1 with the root cause."""
+    net = make_network(2)
+    port = free_port(net[0])
+    env = {"MN_RUN": "0:6,1:6,*:2", "MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7"}
+    slow = c10d_args(net, 0, port, "race")
+    slow[slow.index("--monitor-interval") + 1] = "30"
+    agents = [start_agent(net[0], slow, name="node0", env=env),
+              start_agent(net[1], c10d_args(net, 1, port, "race"), name="node1", env=env)]
+    codes = wait_all(agents, BOUND + 60, expect=None)
+    assert codes == [1, 1], logs(agents)
+    assert "restarting (" in agents[1].stderr, agents[1].describe(80)  # it did not know yet
+    for agent in agents:
+        assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
+        assert_root_cause(agent, 1, net[1].addr, 3, 1)
+        assert "restarting or re-forming the group was not possible" in agent.stderr, agent.describe(80)
+        assert f"(node 0, {net[0].addr}) had finished" in agent.stderr, agent.describe(80)
+
+
 def start_uneven(start_agent, net, make_args, *, finished: int):
     """Node ``finished``'s ranks finish at once, the other node's run for ten minutes; returns
     once the finished node waits at its exit barrier."""
