@@ -33,6 +33,7 @@ from launcher.agent.finished import (
     announce_finished,
     describe_ranks,
     exit_prefix,
+    finished_count,
     no_reform_note,
     node_ranks,
     read_finished,
@@ -55,6 +56,10 @@ __all__ = ["exit_barrier"]
 log = logging.getLogger("launcher.agent")
 
 _STORE_ERRORS = (StoreError, RendezvousError, OSError)
+#: Up to this many nodes, a node at the barrier reads who finished as they arrive (each record
+#: once), so that it can name the nodes lost with a store that goes away; above, it reads the
+#: records only when it needs them (a lost node, a restart), keeping the wait O(1) per second.
+_FOLLOW_UP_TO = 64
 
 
 class _NotAllFinished(Exception):
@@ -102,6 +107,8 @@ class _Waiter:
         self.store: KeyValueStore = info.store
         self.run_id = run_id
         self.prefix = exit_prefix(run_id, info.round)
+        #: How many nodes had finished, and who they are (see ``_FOLLOW_UP_TO``), when last looked.
+        self.count = 0
         self.finished: list[FinishedNode] = []
         #: Every node's global ranks, read before anything can go (a lost node is named with them).
         self.node_ranks = node_ranks(info, run_id)
@@ -138,9 +145,12 @@ class _Waiter:
     def _look(self) -> AgentResult | None:
         """The failed result when the job cannot finish any more, else ``None``."""
         info, handler, reporter = self.info, self.handler, self.reporter
-        self.finished = read_finished(self.store, self.prefix)
-        if len(self.finished) >= info.group_world_size:
+        self.count = finished_count(self.store, self.prefix)
+        if self.count >= info.group_world_size:
             return None  # the last one is setting ``done``
+        if info.group_world_size <= _FOLLOW_UP_TO:
+            # Who finished, should the store go: each record is read once.
+            self.finished = read_finished(self.store, self.prefix, self.finished, self.count)
         if handler.is_closed() and not self.store.check([f"{self.prefix}/done"]):
             # This node's record tells a failing node it need not wait for us.
             reporter.publish(info, handler, reporter.outcome(info))
@@ -148,6 +158,7 @@ class _Waiter:
             return reporter.job_failed(info, handler, [], self.ranks, closer=False)
         if reform_claimed(self.store, self.prefix):
             # A node is restarting (or re-forming) into a round this node will never join.
+            self.finished = read_finished(self.store, self.prefix, self.finished)
             me = FinishedNode(info.group_rank, _node_id(info, info.group_rank), reporter.label)
             note = no_reform_note([*self.finished] or [me], "restarting or re-forming the group")
             log.error("a node of this round is restarting its workers, but this node had finished: ending the job")
@@ -162,6 +173,7 @@ class _Waiter:
         names = set(self.handler.lost_nodes())
         if not names:
             return None
+        self.finished = read_finished(self.store, self.prefix, self.finished)
         done = {n.group_rank for n in self.finished}
         lost = [g for g, node in enumerate(self.info.participants) if node in names and g not in done]
         if not lost:
@@ -177,15 +189,17 @@ class _Waiter:
         """The store stopped answering while this node waited: fine once every node had
         finished; otherwise the nodes that had not are lost to this one."""
         info, reporter = self.info, self.reporter
-        if len(self.finished) >= info.group_world_size:
+        if self.count >= info.group_world_size:
             log.warning("exit barrier: the rendezvous store stopped answering after every node had finished (%s)", exc)
             return None
         reporter.store_note = store_gone(self.handler) or f"the rendezvous store stopped answering: {exc}"
-        done = {n.group_rank for n in self.finished} | {info.group_rank}
-        missing = [g for g in range(info.group_world_size) if g not in done]
-        unfinished = ", ".join(f"{self._name(g)} with {describe_ranks(self.node_ranks.get(g))}" for g in missing)
-        note = (f"every worker of this node succeeded, but not every node had finished: lost with the store: "
-                f"{unfinished}")
+        note = (f"every worker of this node succeeded, but not every node had finished ({max(self.count, 1)} of "
+                f"{info.group_world_size} had)")
+        if len(self.finished) >= self.count:  # who they are is known
+            done = {n.group_rank for n in self.finished} | {info.group_rank}
+            missing = [g for g in range(info.group_world_size) if g not in done]
+            note += ": lost with the store: " + ", ".join(
+                f"{self._name(g)} with {describe_ranks(self.node_ranks.get(g))}" for g in missing)
         return reporter.job_failed(info, self.handler, [], self.ranks, closer=False, notes=[note])
 
     def await_left(self, timeout: float) -> None:

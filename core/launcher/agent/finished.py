@@ -43,6 +43,7 @@ __all__ = [
     "claim_reform",
     "describe_ranks",
     "exit_prefix",
+    "finished_count",
     "finished_nodes",
     "no_reform_note",
     "node_ranks",
@@ -78,15 +79,24 @@ def announce_finished(store: KeyValueStore, prefix: str, node: FinishedNode) -> 
     return arrival
 
 
-def read_finished(store: KeyValueStore, prefix: str) -> list[FinishedNode]:
-    """The nodes that finished, in order of arrival (two store calls). Store errors propagate."""
-    count = store.add(f"{prefix}/count", 0)
-    if count <= 0:
-        return []
-    keys = [f"{prefix}/node/{k}" for k in range(1, count + 1)]
+def finished_count(store: KeyValueStore, prefix: str) -> int:
+    """How many nodes of the round have finished (one store call). Store errors propagate."""
+    return max(0, store.add(f"{prefix}/count", 0))
+
+
+def read_finished(store: KeyValueStore, prefix: str, known: Sequence[FinishedNode] = (),
+                  count: int | None = None) -> list[FinishedNode]:
+    """The nodes that finished, in order of arrival: ``known`` (the first ones, read before)
+    and those after them, up to ``count`` (read when ``None``). One ``multi_get`` of the new
+    records only, so that a node that keeps looking reads each record once. Store errors propagate."""
+    if count is None:
+        count = finished_count(store, prefix)
+    if count <= len(known):
+        return list(known)
+    keys = [f"{prefix}/node/{k}" for k in range(len(known) + 1, count + 1)]
     # A node writes its record right after its add: wait for it, briefly.
     values = store.multi_get(keys, timeout=5.0)
-    nodes = []
+    nodes = list(known)
     for raw in values:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             data = json.loads(raw)
