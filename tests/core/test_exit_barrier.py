@@ -21,6 +21,7 @@ from launcher.agent.finished import (
     exit_prefix,
     finished_nodes,
     no_reform_note,
+    withdraw_claim,
 )
 from launcher.agent.membership import await_lost_nodes
 from launcher.agent.reporting import NodeReporter
@@ -99,10 +100,25 @@ def test_a_claim_to_restart_sees_the_nodes_that_finished_and_they_see_the_claim(
     publish_outcome(server.store, outcome_prefix("job", 3), NodeOutcome(0, "host-a", "10.0.0.1", None, "it failed"))
     assert claim_reform(info, "job") == []  # nobody had finished: the restart may go ahead
     handler = Handler()
+    withdrawn: list[float] = []
+
+    def restarting_node_sees_the_close() -> None:
+        while not handler.closed:
+            time.sleep(0.05)
+        time.sleep(0.5)  # its rendezvous polls
+        withdrawn.append(time.monotonic())
+        withdraw_claim(info, "job")
+
+    thread = threading.Thread(target=restarting_node_sees_the_close)
+    thread.start()
     started = time.monotonic()
     result = exit_barrier(_info(server.store, 1), handler, _reporter(1), run_id="job", timeout=20)  # type: ignore[arg-type]
+    returned = time.monotonic()
+    thread.join()
     assert result is not None and result.exit_code == 1
-    assert time.monotonic() - started < 10
+    assert returned - started < 10
+    # The finished node kept the store until the restarting node had read what it needed.
+    assert withdrawn and returned >= withdrawn[0]
     assert handler.closed, "the finished node ends the job for the node that is restarting"
     assert "restarting or re-forming the group was not possible" in result.message, result.message
     # A claim made after the node finished sees it.

@@ -37,7 +37,7 @@ from launcher.logs.pump import OutputPump
 from launcher.plan import format_cpus
 from launcher.plugins.types import finish_logs, run_log_dir
 from launcher.private_dirs import make_private_dir
-from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, StoreBackedHandler
+from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -218,13 +218,12 @@ class Agent:
         while True:
             try:
                 info = self._rendezvous(handler)
-            except RendezvousClosedError:
+            except (RendezvousError, StoreError) as exc:
                 if pending is None:
                     raise
-                last, failures, ranks = pending
-                result = report.job_failed(last, handler, failures, ranks, closer=False, oom_watch=self._oom_watch)
-                self._emit("job_failed", reason="worker failure", failures=len(failures))
-                return result
+                from launcher.agent.membership import restart_closed
+
+                return restart_closed(report, handler, *pending, exc, self._emit, plan.run_id, self._oom_watch)
             pending = None
             if previous is not None:
                 from launcher.agent.membership import lost_since  # only after a re-form

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from launcher.agent.finished import (
     FinishedNode,
     announce_finished,
+    await_withdrawals,
     describe_ranks,
     exit_prefix,
     finished_count,
@@ -60,6 +61,9 @@ _STORE_ERRORS = (StoreError, RendezvousError, OSError)
 #: once), so that it can name the nodes lost with a store that goes away; above, it reads the
 #: records only when it needs them (a lost node, a restart), keeping the wait O(1) per second.
 _FOLLOW_UP_TO = 64
+#: How long a node that closed the job on a restarting node waits for it to have read the
+#: records (it sees the job closed within a second or two of its rendezvous' polling).
+_WITHDRAW_TIMEOUT = 15.0
 
 
 class _NotAllFinished(Exception):
@@ -162,7 +166,11 @@ class _Waiter:
             me = FinishedNode(info.group_rank, _node_id(info, info.group_rank), reporter.label)
             note = no_reform_note([*self.finished] or [me], "restarting or re-forming the group")
             log.error("a node of this round is restarting its workers, but this node had finished: ending the job")
-            return reporter.job_failed(info, handler, [], self.ranks, closer=True, notes=[note])
+            result = reporter.job_failed(info, handler, [], self.ranks, closer=True, notes=[note])
+            # Serve the store (c10d's or static's host) until the restarting node saw the job
+            # closed and read this node's record: it is no longer in this round's ring.
+            await_withdrawals(self.store, self.prefix, _WITHDRAW_TIMEOUT)
+            return result
         lost = self._lost_unfinished()
         if lost:  # the result's message says it
             return reporter.job_failed(info, handler, [], self.ranks, closer=True, reason=lost)

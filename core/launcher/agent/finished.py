@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,6 +50,8 @@ __all__ = [
     "node_ranks",
     "read_finished",
     "reform_claimed",
+    "withdraw_claim",
+    "await_withdrawals",
 ]
 
 #: Store errors that mean "cannot tell" here: every caller has a safe answer for them.
@@ -132,6 +135,28 @@ def claim_reform(info: RendezvousInfo, run_id: str) -> list[FinishedNode]:
 def reform_claimed(store: KeyValueStore, prefix: str) -> bool:
     """Whether a node of the round has left it, or is leaving it, for another round."""
     return store.add(f"{prefix}/reforming", 0) > 0
+
+
+def withdraw_claim(info: RendezvousInfo, run_id: str) -> None:
+    """A node whose new round was closed (by a node that had finished) has read what it needed
+    from ``info``'s round: the node that closed it may stop serving the store now."""
+    if info.store is not None and info.group_world_size > 1:
+        with contextlib.suppress(*_STORE_ERRORS):
+            info.store.add(f"{exit_prefix(run_id, info.round)}/reforming", -1)
+
+
+def await_withdrawals(store: KeyValueStore, prefix: str, timeout: float) -> bool:
+    """Until every claim to re-form is withdrawn (the claimants saw the job closed and read the
+    records), ``timeout`` seconds at most; whether they all were."""
+    deadline = time.monotonic() + timeout
+    try:
+        while store.add(f"{prefix}/reforming", 0) > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+    except _STORE_ERRORS:
+        return False
+    return True
 
 
 def no_reform_note(finished: Iterable[FinishedNode], what: str = "a restart") -> str:

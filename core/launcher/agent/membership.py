@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from launcher.agent.finished import FinishedNode, claim_reform, finished_nodes, no_reform_note
+from launcher.agent.finished import FinishedNode, claim_reform, finished_nodes, no_reform_note, withdraw_claim
 from launcher.agent.reporting import store_gone
 from launcher.agent.result import WatchOutcome
-from launcher.rendezvous.api import RendezvousError
+from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +29,7 @@ __all__ = [
     "lost_since",
     "membership_changed",
     "reform_blocked",
+    "restart_closed",
 ]
 
 log = logging.getLogger("launcher.agent")
@@ -72,6 +73,7 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
         emit("membership_changed", lost=list(lost), waiting=waiting)
         return WatchOutcome.MEMBERSHIP
     if waiting > 0:
+        reporter.lost = []
         log.info("%d node(s) waiting to join; re-forming the group", waiting)
         emit("membership_changed", lost=[], waiting=waiting)
         return WatchOutcome.MEMBERSHIP
@@ -105,12 +107,27 @@ def cannot_reform(info: RendezvousInfo, handler: RendezvousHandler, reporter: No
     for note in notes:
         log.error("%s", note)
     reason = None
-    if not failures:
-        lost = ", ".join(reporter.lost) or "a node"
-        reason = f"lost contact with {lost} before it finished"
+    if not failures and reporter.lost:
+        reason = f"lost contact with {', '.join(reporter.lost)} before it finished"
+    elif not failures:
+        reason = "its workers were stopped to re-form the group for a joining node"
     result = reporter.job_failed(info, handler, failures, ranks, closer=True, hang=hang, oom_watch=oom_watch,
                                  reason=reason, notes=notes)
     emit("job_failed", reason=result.message or "worker failure", failures=len(failures))
+    return result
+
+
+def restart_closed(reporter: NodeReporter, handler: RendezvousHandler, info: RendezvousInfo,
+                   failures: list[WorkerFailure], ranks: list[RankState], exc: Exception,
+                   emit: Callable[..., None], run_id: str, oom_watch: OomWatch | None) -> AgentResult:
+    """This node's rendezvous for a restart failed after its workers failed in ``info``'s round:
+    closed by a node that had finished meanwhile (see :mod:`launcher.agent.finished`), or its
+    store shut down right after. The failure that led here is the job's story: report it."""
+    why = "the job was closed by another node" if isinstance(exc, RendezvousClosedError) else str(exc)
+    result = reporter.job_failed(info, handler, failures, ranks, closer=False, oom_watch=oom_watch,
+                                 notes=[f"the restart did not happen: {why}"])
+    withdraw_claim(info, run_id)  # the node that closed the job may stop serving the store now
+    emit("job_failed", reason="worker failure", failures=len(failures))
     return result
 
 
