@@ -37,6 +37,9 @@ def main() -> int:
     time.sleep(run_seconds(rank))
     if rank == int(os.environ.get("MN_FAIL_RANK", "-1")):
         code = int(os.environ.get("MN_FAIL_CODE", "7"))
+        if os.environ.get("MN_FAIL_MARK"):  # when it failed, for benchmarks/bench_endings.py
+            with open(os.environ["MN_FAIL_MARK"], "w") as mark:
+                mark.write(repr(time.time()))
         sys.stderr.write(f"boom: rank {rank} gives up (exit {code})\n")
         sys.stderr.flush()
         return code
