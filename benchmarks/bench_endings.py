@@ -5,7 +5,8 @@ namespace hosts (``tests/multinode``: needs root), each rank running
 ``tests/multinode/scripts/ending_worker.py``:
 
 - ``failure-after-finish`` (issue 33): node 0's ranks finish at once, rank 3 on node 1 exits 7
-  four seconds later. Measured from rank 3's exit to each agent's exit.
+  once they have exited and a second more has passed. Measured from rank 3's exit to each
+  agent's exit.
 - ``lost-at-barrier`` (issue 25): node 0's ranks finish at once, node 1's run on; once node 0's
   workers are gone (it waits at its exit barrier), node 1's agent is SIGKILLed. Measured from
   the kill to node 0's exit.
@@ -43,10 +44,12 @@ CONF = "read_timeout=5,keep_alive_interval=0.5,heartbeat_timeout=3"
 
 
 def workers_left(host) -> int:
+    """The host's workers still running (the agents, run with ``-m``, name the script too)."""
     count = 0
     for pid in host.pids():
         with contextlib.suppress(OSError):  # gone meanwhile
-            count += b"ending_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            count += b"ending_worker" in argv and b"\0-m\0" not in argv
     return count
 
 
@@ -56,10 +59,13 @@ def run(tool: str, scenario: str, cap: float, base: str | None, out: Path) -> di
     logs.mkdir(parents=True)
     with Network(2) as net:
         port = free_port(net[0])
-        env = {"MN_RUN": "0:0,1:0,*:4" if scenario == "failure-after-finish" else "0:0,1:0,*:600"}
+        env = {"MN_RUN": "0:0,1:0,*:600"}
         mark = logs / "failed_at"
         if scenario == "failure-after-finish":
-            env.update({"MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7", "MN_FAIL_MARK": str(mark)})
+            # Rank 3 fails once node 0's ranks have exited (and a second more has passed).
+            (logs / "pids").mkdir()
+            env.update({"MN_RUN": "0:0,1:0,3:0,*:600", "MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7",
+                        "MN_FAIL_MARK": str(mark), "MN_FAIL_AFTER_EXITS": str(logs / "pids"), "MN_FINISHERS": "0,1"})
         program = ("-m", "torch.distributed.run") if tool == "torchrun" else ("-m", "launcher")
         if tool == "launcher-base" and base:
             env["PYTHONPATH"] = f"{base}/core:{ROOT}"
@@ -98,8 +104,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cap", type=float, default=400.0, help="seconds before a run counts as still running")
     parser.add_argument("--base", help="a directory with an older launcher's core/ (before/after)")
+    parser.add_argument("--tools", default="launcher,torchrun", help="comma list of launcher, torchrun")
     options = parser.parse_args()
-    tools = ["launcher", "torchrun"] + (["launcher-base"] if options.base else [])
+    tools = options.tools.split(",") + (["launcher-base"] if options.base else [])
     results: dict[str, dict] = {}
     out = Path(tempfile.mkdtemp(prefix="bench_endings_"))
     threads = []
@@ -114,7 +121,10 @@ def main() -> None:
     for thread in threads:
         thread.join()
     target = ROOT / "benchmarks" / "results" / "endings.json"
-    target.write_text(json.dumps({"cap_s": options.cap, "logs": str(out), "results": results}, indent=1) + "\n")
+    # Results of earlier runs for the other tools are kept: each tool's latest run.
+    kept = json.loads(target.read_text()).get("results", {}) if target.exists() else {}
+    kept.update(results)
+    target.write_text(json.dumps({"cap_s": options.cap, "results": kept}, indent=1, sort_keys=True) + "\n")
     print(f"wrote {target}")
 
 

@@ -90,11 +90,15 @@ def assert_no_restart_because_finished(agent, finished: list[tuple[int, str]]) -
         assert f"(node {node}, {addr})" in line, f"node {node} not named in {line!r}\n{agent.describe(80)}"
 
 
-def fail_after_finish(start_agent, net, make_args, *, finished: list[int], failing: int):
-    """Nodes ``finished`` finish at once; rank 2*failing+1 exits 7 four seconds after the
-    group formed (once the finished nodes wait at their barriers); the rest run on."""
-    run = ",".join(f"{2 * n + i}:0" for n in finished for i in (0, 1)) + ",*:4"
-    env = {"MN_RUN": run, "MN_FAIL_RANK": str(2 * failing + 1), "MN_FAIL_CODE": "7"}
+def fail_after_finish(start_agent, net, make_args, *, finished: list[int], failing: int, pids):
+    """Nodes ``finished`` finish at once; rank 2*failing+1 exits 7 once their workers are gone
+    and a second more has passed (the finished nodes then wait at their barriers, however slow
+    the machine); the rest run on."""
+    finishers = [2 * n + i for n in finished for i in (0, 1)]
+    pids.mkdir()
+    env = {"MN_RUN": ",".join(f"{r}:0" for r in [*finishers, 2 * failing + 1]) + ",*:600",
+           "MN_FAIL_RANK": str(2 * failing + 1),
+           "MN_FAIL_CODE": "7", "MN_FAIL_AFTER_EXITS": str(pids), "MN_FINISHERS": ",".join(map(str, finishers))}
     agents = [start_agent(net[i], make_args(i), name=f"node{i}", env=env) for i in range(len(net))]
     codes = wait_all(agents, BOUND + 60, expect=None)
     return agents, codes
@@ -102,7 +106,8 @@ def fail_after_finish(start_agent, net, make_args, *, finished: list[int], faili
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("finished", [0, 1], ids=["store-host-finished", "other-node-finished"])
-def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_c10d(make_network, start_agent, finished):
+def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_c10d(make_network, start_agent, tmp_path,
+                                                                         finished):
     """Issue 33: node A's workers succeed at once; rank 3 (or 1) on node B exits 7 later, with
     3 restarts left. B must not restart into a round A will never join: both nodes end at once,
     exit 1, name the root cause and say a restart was not possible because A had finished."""
@@ -110,7 +115,7 @@ def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_c10d(make_ne
     port = free_port(net[0])
     failing = 1 - finished
     agents, codes = fail_after_finish(start_agent, net, lambda i: c10d_args(net, i, port, "after-finish"),
-                                      finished=[finished], failing=failing)
+                                      finished=[finished], failing=failing, pids=tmp_path / "pids")
     assert codes == [1, 1], logs(agents)
     for agent in agents:
         assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
@@ -120,11 +125,12 @@ def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_c10d(make_ne
 
 
 @pytest.mark.timeout(240)
-def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_static(make_network, start_agent):
+def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_static(make_network, start_agent, tmp_path):
     """Issue 33 with the static rendezvous: node 0 (the store's host) finishes, rank 3 fails."""
     net = make_network(2)
     port = free_port(net[0])
-    agents, codes = fail_after_finish(start_agent, net, lambda i: static_args(net, i, port), finished=[0], failing=1)
+    agents, codes = fail_after_finish(start_agent, net, lambda i: static_args(net, i, port), finished=[0], failing=1,
+                                      pids=tmp_path / "pids")
     assert codes == [1, 1], logs(agents)
     for agent in agents:
         assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
@@ -134,12 +140,12 @@ def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_static(make_
 
 
 @pytest.mark.timeout(240)
-def test_a_failure_after_two_nodes_finished_names_both(make_network, start_agent):
+def test_a_failure_after_two_nodes_finished_names_both(make_network, start_agent, tmp_path):
     """Issue 33 with three nodes, two of which (0 and 2) finished: all three end at once."""
     net = make_network(3)
     port = free_port(net[0])
     agents, codes = fail_after_finish(start_agent, net, lambda i: c10d_args(net, i, port, "two-finished", 3),
-                                      finished=[0, 2], failing=1)
+                                      finished=[0, 2], failing=1, pids=tmp_path / "pids")
     assert codes == [1, 1, 1], logs(agents)
     for agent in agents:
         assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
@@ -306,7 +312,9 @@ def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_etcd(make_ne
                                                                          etcd_plugin):
     """Issue 33 through etcd: node 0 finishes, rank 3 on node 1 fails with 3 restarts left."""
     net, endpoint, env = etcd_network(make_network, tmp_path, etcd_plugin)
-    env.update({"MN_RUN": "0:0,1:0,*:4", "MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7"})
+    (tmp_path / "pids").mkdir()
+    env.update({"MN_RUN": "0:0,1:0,3:0,*:600", "MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7",
+                "MN_FAIL_AFTER_EXITS": str(tmp_path / "pids"), "MN_FINISHERS": "0,1"})
     agents = [start_agent(net[i], etcd_args(net, i, endpoint, "etcd-after-finish"), name=f"node{i}", env=env)
               for i in (0, 1)]
     codes = wait_all(agents, BOUND + 60, expect=None)
