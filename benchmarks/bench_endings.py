@@ -14,7 +14,7 @@ namespace hosts (``tests/multinode``: needs root), each rank running
 launcher runs with ``heartbeat_timeout=3`` (``keep_alive_interval=0.5``); torchrun with its
 defaults (``is_host`` set: it cannot tell a namespace's address is its own). ``--base DIR``
 also runs the launcher whose ``core`` is in DIR (``git archive <commit> core | tar -x -C DIR``),
-for a before/after figure. Each run stops at ``--cap`` seconds ("still running"); all tools run at
+for a before/after figure. Each run stops ``--cap`` seconds after its event ("still running"); all tools run at
 once, each in its own pair of hosts. Writes ``benchmarks/results/endings.json``.
 
 Usage::
@@ -82,11 +82,13 @@ def run(tool: str, scenario: str, cap: float, base: str | None, out: Path) -> di
         while time.monotonic() < deadline and any(a.poll() is None for a in agents):
             if event is None and scenario == "failure-after-finish" and mark.exists() and mark.read_text():
                 event = time.monotonic() - (time.time() - float(mark.read_text()))
+                deadline = event + cap  # the cap counts from the event
             if event is None and scenario == "lost-at-barrier" and "rank 1 ready" in agents[0].stdout \
                     and workers_left(net[0]) == 0:
                 time.sleep(1.0)  # node 0's agent is at its exit barrier
                 agents[1].kill(signal.SIGKILL)
                 event = time.monotonic()
+                deadline = event + cap
             time.sleep(0.05)
         result = {}
         for agent in agents:
@@ -105,13 +107,14 @@ def main() -> None:
     parser.add_argument("--cap", type=float, default=400.0, help="seconds before a run counts as still running")
     parser.add_argument("--base", help="a directory with an older launcher's core/ (before/after)")
     parser.add_argument("--tools", default="launcher,torchrun", help="comma list of launcher, torchrun")
+    parser.add_argument("--scenarios", default="failure-after-finish,lost-at-barrier", help="comma list")
     options = parser.parse_args()
     tools = options.tools.split(",") + (["launcher-base"] if options.base else [])
     results: dict[str, dict] = {}
     out = Path(tempfile.mkdtemp(prefix="bench_endings_"))
     threads = []
     for tool in tools:
-        for scenario in ("failure-after-finish", "lost-at-barrier"):
+        for scenario in options.scenarios.split(","):
             def job(tool: str = tool, scenario: str = scenario) -> None:
                 results[f"{tool} {scenario}"] = run(tool, scenario, options.cap, options.base, out)
                 print(f"{tool:14} {scenario:22} {json.dumps(results[f'{tool} {scenario}'])}", flush=True)
