@@ -21,6 +21,8 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ALLREDUCE = str(SCRIPTS / "allreduce_worker.py")
 ELASTIC = str(SCRIPTS / "elastic_worker.py")
 FAILING = str(SCRIPTS / "failing_worker.py")
+#: The group forms, then each rank works alone for a set time, and may fail (see the script).
+ENDING = str(SCRIPTS / "ending_worker.py")
 #: Runs the launcher and notes whether the agent process loaded torch (see the script).
 AGENT_MODULES = str(SCRIPTS / "agent_modules.py")
 #: The repository root, so that ``tests.*`` and the editable ``launcher`` import the same way everywhere.
@@ -134,6 +136,17 @@ def agent_env(host: Host, extra: dict[str, str] | None = None) -> dict[str, str]
     if extra:
         env.update(extra)
     return env
+
+
+def free_port(host: Host) -> int:
+    """A port the kernel of ``host``'s namespace calls free now (the namespace is the test's own,
+    so nothing else takes it before the agent binds it)."""
+    code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    if ":" in host.addr:
+        code = code.replace("socket.socket()", "socket.socket(socket.AF_INET6)").replace("('', 0)", "('::', 0)")
+    result = host.run([sys.executable, "-c", code])
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, *, interval: float = 0.1,

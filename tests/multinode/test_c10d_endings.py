@@ -170,8 +170,9 @@ def test_link_cut(make_network, start_agent):
 @pytest.mark.timeout(240)
 def test_other_node_failing_while_this_one_waits_at_the_exit_barrier(make_network, start_agent, tmp_path):
     """Node 1's workers finish; node 0's then fail (their peers are gone). Node 1 leaves its exit
-    barrier as soon as node 0 ends the job (not after exit_barrier_timeout), says why, and exits 0;
-    node 0 reports its failure and node 1's ranks are not waited for."""
+    barrier as soon as node 0 ends the job (not after exit_barrier_timeout), and exits 1 with node
+    0's root cause (its workers succeeded, the job did not); node 0 reports its failure and node
+    1's ranks are not waited for."""
     net = make_network(2)
     # Node 0 fails only once node 1's workers are gone (see failing_worker.py): a collective would
     # fail as soon as they close their connections, while they still run.
@@ -179,11 +180,13 @@ def test_other_node_failing_while_this_one_waits_at_the_exit_barrier(make_networ
     agents = start_pair(net, start_agent, FAILING, "barrier",
                         env={"MN_EXIT_RANKS": "2,3", "MN_FAIL_AFTER_EXITS": str(tmp_path / "finished")})
     codes = wait_all(agents, 150, expect=None)
-    assert codes == [1, 0], "\n".join(a.describe(80) for a in agents)
+    assert codes == [1, 1], "\n".join(a.describe(80) for a in agents)
     finished = agents[1]
     assert finished.elapsed < 300, finished.describe(80)  # exit_barrier_timeout is 300 s
-    assert re.search(r"every worker of this node succeeded, but the job ended on another node \(.*node 0",
-                     finished.stderr), finished.describe(80)
+    assert "every worker of this node succeeded, but the job ended on another node" in finished.stderr, \
+        finished.describe(80)
+    assert re.search(r"launcher: the job failed on .*\(node 0, ", finished.stderr), finished.describe(80)
+    assert re.search(r"^\s+[23]\s+\d+\s+\d+\s+succeeded\b", finished.stderr, re.M), finished.describe(80)
     assert "Root cause" in agents[0].stderr, agents[0].describe(80)
     states = re.findall(r"^\s+[01]\s+\d+\s+\d+\s+(failed|killed by the agent)\b", agents[0].stderr, re.M)
     assert states == ["failed", "killed by the agent"], agents[0].describe(80)  # rank 0 fails, rank 1 is stopped

@@ -212,8 +212,19 @@ class Agent:
         previous: RendezvousInfo | None = None
         #: Set when the last restart followed a worker failure (it may be refunded, see below).
         charged = False
+        #: The failure this node is restarting after: reported if the job is closed meanwhile
+        #: (a node of the old round finished as this one failed, see launcher.agent.finished).
+        pending: tuple[RendezvousInfo, list[WorkerFailure], list[RankState]] | None = None
         while True:
-            info = self._rendezvous(handler)
+            try:
+                info = self._rendezvous(handler)
+            except (RendezvousError, StoreError) as exc:
+                if pending is None:
+                    raise
+                from launcher.agent.membership import restart_closed
+
+                return restart_closed(report, handler, *pending, exc, self._emit, plan.run_id, self._oom_watch)
+            pending = None
             if previous is not None:
                 from launcher.agent.membership import lost_since  # only after a re-form
 
@@ -234,23 +245,33 @@ class Agent:
             group = self._start(info, pump, watchdog)
             # Loaded once the workers run: off the path to their first start.
             from launcher.agent.barrier import exit_barrier
-            from launcher.agent.membership import await_lost_nodes, regrouping_for_joiners
+            from launcher.agent.membership import (
+                await_lost_nodes,
+                cannot_reform,
+                reform_blocked,
+                regrouping_for_joiners,
+            )
 
-            outcome, failed = self._watch(group, handler)
+            outcome, failed = self._watch(group, handler, info)
             if outcome is WatchOutcome.SIGNAL:
                 return self._forward_signal(info, handler, group)
             if outcome is WatchOutcome.SUCCEEDED:
+                ranks = report.rank_states(group, ())
                 self._close_group(group)
-                values = self._return_values(group)
+                values = group.return_values() if plan.entry.function is not None else {}
                 try:
                     # A signal ends the wait for the other nodes at once (up to --exit-barrier-timeout).
                     with self._signals.interruptible():
-                        exit_barrier(info, handler, report, run_id=plan.run_id, timeout=plan.exit_barrier_timeout)
+                        unfinished = exit_barrier(info, handler, report, run_id=plan.run_id,
+                                                  timeout=plan.exit_barrier_timeout, ranks=ranks)
                 except SignalReceived as exc:
                     name = signal.Signals(exc.signum).name
                     return AgentResult(exit_code=128 + exc.signum, message=(
                         f"received {name} while waiting for the other nodes to finish (every worker of this "
                         "node had succeeded); the job was closed for every node"))
+                if unfinished is not None:  # the job cannot finish any more (see launcher.agent.barrier)
+                    self._emit("job_failed", reason=unfinished.message or "the job failed on another node")
+                    return unfinished
                 self._emit("job_succeeded", restart_count=self._restart_count)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome is WatchOutcome.MEMBERSHIP:
@@ -259,6 +280,10 @@ class Agent:
                 # Shown if the job then ends in the rendezvous (too few nodes left, say).
                 report.last_ranks = report.rank_states(group, killed)
                 self._close_group(group)
+                finished = reform_blocked(info, handler, report, plan.run_id, [])
+                if finished:
+                    return cannot_reform(info, handler, report, finished, [], report.last_ranks, self._emit,
+                                         what="re-forming the group")
                 continue
             if outcome in (WatchOutcome.CLOSED, WatchOutcome.STORE_GONE):
                 return self._ended_elsewhere(info, handler, group, outcome)
@@ -270,6 +295,15 @@ class Agent:
             if self._hangs is not None:
                 self._hangs.detach()
             multi = info.group_world_size > 1
+            # A node of this round that finished joins no other: restarting or re-forming would
+            # wait for it forever (launcher.agent.finished). The claim comes first, see there.
+            could_reform = remaining_restarts > 0 or (multi and hang is None)
+            finished = reform_blocked(info, handler, report, plan.run_id, failures) if multi and could_reform else []
+            if finished:
+                return cannot_reform(info, handler, report, finished, failures, ranks, self._emit, hang=hang,
+                                     oom_watch=self._oom_watch,
+                                     what="a restart" if remaining_restarts > 0 else None)
+            pending = (info, failures, ranks) if multi else None
             if hang is None and multi and await_lost_nodes(handler, plan, self._emit, info, grace=0.0):
                 continue  # a node another node already found lost broke the collectives: no restart counted
             if hang is None and multi and regrouping_for_joiners(handler, self._emit):
@@ -416,7 +450,8 @@ class Agent:
         )
         return group
 
-    def _watch(self, group: WorkerGroup, handler: RendezvousHandler) -> tuple[WatchOutcome, list[WorkerSlot]]:
+    def _watch(self, group: WorkerGroup, handler: RendezvousHandler,
+               info: RendezvousInfo) -> tuple[WatchOutcome, list[WorkerSlot]]:
         """Block until the group needs attention (see :class:`~launcher.agent.result.WatchOutcome`;
         for ``HUNG`` the report is in ``self._hangs.report``), with the slots that failed or hung."""
         # Exits are seen at once; this interval only paces questions to the rendezvous store.
@@ -449,21 +484,9 @@ class Agent:
                 return WatchOutcome.HUNG, self._hangs.hung_slots()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
-                change = membership_changed(handler, self._report, self._emit)
+                change = membership_changed(handler, self._report, self._emit, info)
                 if change is not None:
                     return change, []
-
-    def _return_values(self, group: WorkerGroup) -> dict[int, Any]:
-        values: dict[int, Any] = {}
-        if self.plan.entry.function is None:
-            return values
-        for slot in group.slots:
-            process = slot.process
-            result = getattr(process, "result", None)
-            if result is not None:
-                values[slot.global_rank] = result()
-        return values
-
 
 def _hang_outcome(remaining_restarts: int, max_restarts: int) -> str:
     if remaining_restarts > 0:

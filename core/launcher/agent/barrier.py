@@ -3,8 +3,18 @@
 Two phases: every node waits until all have finished (``done``), closes the rendezvous, and
 says it is leaving (``left``); a node then waits, briefly, until every node has left the store
 alone, so the node that serves the store never shuts it down under a peer that is still using
-it. A node that sees the job ended elsewhere meanwhile (closed without every node done) says
-why and leaves at once.
+it.
+
+A node that waits here has succeeded, but the job has not: it ends the wait at once, and exits
+non-zero with the reason, when it learns (once a second) that the job cannot finish any more:
+
+- another node ended the job (closed it without every node done): the report names that node's
+  root cause, read from its record (:mod:`launcher.agent.outcome`);
+- a node of the round is leaving it for another round (a restart), which this node will not
+  join (:mod:`launcher.agent.finished`): this node ends the job, naming the failure;
+- a node that had not finished is lost (its heartbeats stopped): its ranks will never finish;
+  a node that finished and then vanished is not waited for, and fails nobody;
+- the store is gone (its host died, or the link to it was cut) before every node had finished.
 
 The waits poll (short ``check`` calls, pauses in between) rather than block on the store: the
 connection is shared with this node's heartbeat thread, which must keep beating while the node
@@ -18,101 +28,211 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from launcher.agent.finished import (
+    FinishedNode,
+    announce_finished,
+    await_withdrawals,
+    describe_ranks,
+    exit_prefix,
+    finished_count,
+    no_reform_note,
+    node_ranks,
+    read_finished,
+    reform_claimed,
+)
+from launcher.agent.reporting import store_gone
 from launcher.rendezvous.api import RendezvousError
-from launcher.rendezvous.store_ops import POLL_MAX, poll_until
+from launcher.rendezvous.store_ops import POLL_MAX
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.reporting import NodeReporter
+    from launcher.agent.result import AgentResult
+    from launcher.failures.report import RankState
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
     from launcher.store.api import KeyValueStore
 
-__all__ = ["exit_barrier", "finished_nodes"]
+__all__ = ["exit_barrier"]
 
 log = logging.getLogger("launcher.agent")
+
+_STORE_ERRORS = (StoreError, RendezvousError, OSError)
+#: Up to this many nodes, a node at the barrier reads who finished as they arrive (each record
+#: once), so that it can name the nodes lost with a store that goes away; above, it reads the
+#: records only when it needs them (a lost node, a restart), keeping the wait O(1) per second.
+_FOLLOW_UP_TO = 64
+#: How long a node that closed the job on a restarting node waits for it to have read the
+#: records (it sees the job closed within a second or two of its rendezvous' polling).
+_WITHDRAW_TIMEOUT = 15.0
+
 
 class _NotAllFinished(Exception):
     """The barrier's timeout passed before every node had finished."""
 
 
-def _key(run_id: str, round_: int) -> str:
-    return f"launcher/{run_id}/exit/{round_}"
-
-
-def finished_nodes(info: RendezvousInfo, run_id: str) -> int:
-    """How many nodes of ``info``'s round have reached the exit barrier (all their workers
-    succeeded); 0 when that cannot be read. Such a node will not join another round."""
-    if info.store is None or info.group_world_size == 1:
-        return 0
-    try:
-        return max(0, info.store.add(f"{_key(run_id, info.round)}/count", 0))
-    except (StoreError, RendezvousError, OSError):
-        return 0
-
-
 def exit_barrier(info: RendezvousInfo, handler: RendezvousHandler, reporter: NodeReporter, *,
-                 run_id: str, timeout: float) -> None:
-    """Wait (``timeout`` seconds at most) for every node to finish, then close the rendezvous."""
+                 run_id: str, timeout: float, ranks: list[RankState] | None = None) -> AgentResult | None:
+    """Wait (``timeout`` seconds at most) for every node to finish, then close the rendezvous.
+
+    ``None`` when the job succeeded here (or the wait timed out: every worker of this node
+    succeeded, and a slow peer does not undo that); a failed :class:`AgentResult` when the job
+    cannot finish any more (see the module's docstring). ``ranks``: this node's ranks, for its report.
+    """
     if info.group_world_size == 1 or info.store is None:
-        with contextlib.suppress(StoreError, RendezvousError, OSError):
+        with contextlib.suppress(*_STORE_ERRORS):
             handler.set_closed()
-        return
-    store = info.store
-    key = _key(run_id, info.round)
+        return None
+    waiter = _Waiter(info, handler, reporter, run_id, ranks or [])
     try:
-        if store.add(f"{key}/count", 1) == info.group_world_size:
-            store.set(f"{key}/done", b"1")
-        if not _await_done(store, f"{key}/done", timeout, info, handler, reporter):
-            return
+        end = waiter.await_done(timeout)
+        if end is not None:
+            return end
         handler.set_closed()
-        if store.add(f"{key}/left", 1) == info.group_world_size:
-            store.set(f"{key}/all_left", b"1")
+        if waiter.store.add(f"{waiter.prefix}/left", 1) == info.group_world_size:
+            waiter.store.set(f"{waiter.prefix}/all_left", b"1")
     except _NotAllFinished:
-        # Every worker here succeeded; a peer that never finishes does not undo that.
+        # Every worker here succeeded, and every other node is alive: a slow one does not undo that.
         log.warning("exit barrier: not every node finished within %g s (--exit-barrier-timeout); exiting anyway",
                     timeout)
-        return
-    except (StoreError, RendezvousError, OSError) as exc:
-        # Nor does the store going away (its host died, or ended the job and stopped serving).
-        log.warning("exit barrier: the rendezvous store stopped answering while this node waited for the others "
-                    "to finish (%s); every worker of this node succeeded, exiting anyway", exc)
-        return
-    try:
-        if not poll_until(lambda: store.check([f"{key}/all_left"]), min(timeout, 30.0)):
-            log.debug("exit barrier: not every node said it was leaving within %.0f s", min(timeout, 30.0))
-    except (StoreError, RendezvousError, OSError) as exc:
-        # Expected on every node but the store's host: the host may shut the store down the
-        # moment the last node has said it is leaving.
-        log.debug("exit barrier: store gone after every node left (%s)", exc)
+        return None
+    except _STORE_ERRORS as exc:
+        return waiter.store_failed(exc)
+    waiter.await_left(min(timeout, 30.0))
+    return None
 
 
-def _await_done(store: KeyValueStore, done: str, timeout: float, info: RendezvousInfo,
-                handler: RendezvousHandler, reporter: NodeReporter) -> bool:
-    """Wait for every node to finish; False when another node ended the job meanwhile
-    (closed without every node done): then say why, and leave the barrier at once."""
-    deadline = time.monotonic() + timeout
-    pause = 0.01
-    next_look = time.monotonic() + 1.0  # once a second: did the job end elsewhere?
-    while True:
-        # Checks, not a blocking wait: see the module's docstring.
-        if store.check([done]):
-            return True
-        now = time.monotonic()
-        if now >= deadline:
-            raise _NotAllFinished
-        if now < next_look:
+class _Waiter:
+    """One node's wait at the exit barrier of one round."""
+
+    def __init__(self, info: RendezvousInfo, handler: RendezvousHandler, reporter: NodeReporter, run_id: str,
+                 ranks: list[RankState]) -> None:
+        assert info.store is not None
+        self.info, self.handler, self.reporter, self.ranks = info, handler, reporter, ranks
+        self.store: KeyValueStore = info.store
+        self.run_id = run_id
+        self.prefix = exit_prefix(run_id, info.round)
+        #: How many nodes had finished, and who they are (see ``_FOLLOW_UP_TO``), when last looked.
+        self.count = 0
+        self.finished: list[FinishedNode] = []
+        #: Every node's global ranks, read before anything can go (a lost node is named with them).
+        self.node_ranks = node_ranks(info, run_id)
+
+    def await_done(self, timeout: float) -> AgentResult | None:
+        """Wait for every node to finish: ``None`` once all have; the failed result when the job
+        cannot finish any more (checked once a second)."""
+        info = self.info
+        me = FinishedNode(info.group_rank, _node_id(info, info.group_rank), self.reporter.label)
+        done = f"{self.prefix}/done"
+        if announce_finished(self.store, self.prefix, me) == info.group_world_size:
+            self.store.set(done, b"1")
+        log.info("every worker of this node succeeded; waiting at the exit barrier for the other %d node(s) "
+                 "(--exit-barrier-timeout %g s)", info.group_world_size - 1, timeout)
+        deadline = time.monotonic() + timeout
+        pause = 0.01
+        next_look = 0.0  # at once, then once a second: can the job still finish?
+        while True:
+            # Checks, not a blocking wait: see the module's docstring.
+            if self.store.check([done]):
+                return None
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + 1.0
+                end = self._look()
+                if end is not None:
+                    return end
+                continue
+            if now >= deadline:
+                raise _NotAllFinished
             time.sleep(min(pause, deadline - now, next_look - now))
             pause = min(pause * 2, POLL_MAX)
-            continue
-        next_look = now + 1.0
-        if handler.is_closed() and not store.check([done]):
+
+    def _look(self) -> AgentResult | None:
+        """The failed result when the job cannot finish any more, else ``None``."""
+        info, handler, reporter = self.info, self.handler, self.reporter
+        self.count = finished_count(self.store, self.prefix)
+        if self.count >= info.group_world_size:
+            return None  # the last one is setting ``done``
+        if info.group_world_size <= _FOLLOW_UP_TO:
+            # Who finished, should the store go: each record is read once.
+            self.finished = read_finished(self.store, self.prefix, self.finished, self.count)
+        if handler.is_closed() and not self.store.check([f"{self.prefix}/done"]):
             # This node's record tells a failing node it need not wait for us.
             reporter.publish(info, handler, reporter.outcome(info))
-            others = reporter.gather(info, handler, closer=False)
-            causes = [
-                f"{o.label}: " + (f"rank {o.root.get('rank')} {o.root.get('exit')}" if o.root else str(o.reason))
-                for g, o in sorted(others.items()) if g != info.group_rank and (o.root or o.reason)
-            ]
-            log.warning("every worker of this node succeeded, but the job ended on another node%s",
-                        f" ({'; '.join(causes)})" if causes else "")
-            return False
+            log.error("every worker of this node succeeded, but the job ended on another node")
+            return reporter.job_failed(info, handler, [], self.ranks, closer=False)
+        if reform_claimed(self.store, self.prefix):
+            # A node is restarting (or re-forming) into a round this node will never join.
+            self.finished = read_finished(self.store, self.prefix, self.finished)
+            me = FinishedNode(info.group_rank, _node_id(info, info.group_rank), reporter.label)
+            note = no_reform_note([*self.finished] or [me], "restarting or re-forming the group")
+            log.error("a node of this round is restarting its workers, but this node had finished: ending the job")
+            result = reporter.job_failed(info, handler, [], self.ranks, closer=True, notes=[note])
+            # Serve the store (c10d's or static's host) until the restarting node saw the job
+            # closed and read this node's record: it is no longer in this round's ring.
+            await_withdrawals(self.store, self.prefix, _WITHDRAW_TIMEOUT)
+            return result
+        lost = self._lost_unfinished()
+        if lost:  # the result's message says it
+            return reporter.job_failed(info, handler, [], self.ranks, closer=True, reason=lost)
+        return None
+
+    def _lost_unfinished(self) -> str | None:
+        """One line naming the lost nodes that had not finished (and their ranks), if any."""
+        names = set(self.handler.lost_nodes())
+        if not names:
+            return None
+        self.finished = read_finished(self.store, self.prefix, self.finished)
+        done = {n.group_rank for n in self.finished}
+        lost = [g for g, node in enumerate(self.info.participants) if node in names and g not in done]
+        if not lost:
+            return None  # they finished, then vanished: nothing of theirs is missing
+        return "; ".join(f"{self._name(g)} was lost before it finished (no heartbeat): "
+                         f"{describe_ranks(self.node_ranks.get(g))} did not finish" for g in lost)
+
+    def _name(self, g: int) -> str:
+        node_id = _node_id(self.info, g)
+        return f"node {g} ({node_id})" if node_id else f"node {g}"
+
+    def store_failed(self, exc: BaseException) -> AgentResult | None:
+        """The store stopped answering while this node waited: fine once every node had
+        finished; otherwise the nodes that had not are lost to this one."""
+        info, reporter = self.info, self.reporter
+        if self.count >= info.group_world_size:
+            log.warning("exit barrier: the rendezvous store stopped answering after every node had finished (%s)", exc)
+            return None
+        reporter.store_note = store_gone(self.handler) or f"the rendezvous store stopped answering: {exc}"
+        note = (f"every worker of this node succeeded, but not every node had finished ({max(self.count, 1)} of "
+                f"{info.group_world_size} had)")
+        if len(self.finished) >= self.count:  # who they are is known
+            done = {n.group_rank for n in self.finished} | {info.group_rank}
+            missing = [g for g in range(info.group_world_size) if g not in done]
+            note += ": lost with the store: " + ", ".join(
+                f"{self._name(g)} with {describe_ranks(self.node_ranks.get(g))}" for g in missing)
+        return reporter.job_failed(info, self.handler, [], self.ranks, closer=False, notes=[note])
+
+    def await_left(self, timeout: float) -> None:
+        """Until every node has said it is leaving, or is lost (it will never say so)."""
+        key = f"{self.prefix}/all_left"
+        deadline = time.monotonic() + timeout
+        pause, next_look = 0.01, time.monotonic() + 1.0
+        try:
+            while not self.store.check([key]):
+                now = time.monotonic()
+                if now >= deadline:
+                    log.debug("exit barrier: not every node said it was leaving within %.0f s", timeout)
+                    return
+                if now >= next_look:
+                    next_look = now + 1.0
+                    left = self.store.add(f"{self.prefix}/left", 0)
+                    if left + len(self.handler.lost_nodes()) >= self.info.group_world_size:
+                        return  # the others left, or finished and then vanished
+                time.sleep(min(pause, max(0.0, deadline - now)))
+                pause = min(pause * 2, POLL_MAX)
+        except _STORE_ERRORS as exc:
+            # Expected on every node but the store's host: the host may shut the store down the
+            # moment the last node has said it is leaving.
+            log.debug("exit barrier: store gone after every node left (%s)", exc)
+
+
+def _node_id(info: RendezvousInfo, group_rank: int) -> str:
+    return info.participants[group_rank] if group_rank < len(info.participants) else ""

@@ -293,6 +293,15 @@ class WorkerGroup:
         """The agent's own processes that sweeps spare: the watchdog and the --preload template."""
         return {pid for pid in (self._watchdog.pid, self._preload and self._preload.pid) if pid}
 
+    def return_values(self) -> dict[int, Any]:
+        """What each function worker returned, by global rank (command workers return nothing)."""
+        values: dict[int, Any] = {}
+        for slot in self.slots:
+            result = getattr(slot.process, "result", None)
+            if result is not None:
+                values[slot.global_rank] = result()
+        return values
+
     def all_done(self) -> bool:
         return all(s.process is not None and s.process.poll() is not None for s in self.slots)
 

@@ -7,28 +7,43 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from launcher.agent.barrier import finished_nodes
+from launcher.agent.finished import FinishedNode, claim_reform, finished_nodes, no_reform_note, withdraw_claim
 from launcher.agent.reporting import store_gone
 from launcher.agent.result import WatchOutcome
-from launcher.rendezvous.api import RendezvousError
+from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.reporting import NodeReporter
+    from launcher.agent.result import AgentResult
+    from launcher.failures.oom import OomWatch
+    from launcher.failures.report import RankState, WorkerFailure
+    from launcher.hangs.report import HangReport
     from launcher.plan import LaunchPlan
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
-__all__ = ["await_lost_nodes", "heartbeat_timeout", "lost_since", "membership_changed"]
+__all__ = [
+    "await_lost_nodes",
+    "cannot_reform",
+    "heartbeat_timeout",
+    "lost_since",
+    "membership_changed",
+    "reform_blocked",
+    "restart_closed",
+]
 
 log = logging.getLogger("launcher.agent")
 
 
 def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
-                       emit: Callable[..., None]) -> WatchOutcome | None:
+                       emit: Callable[..., None], info: RendezvousInfo | None = None) -> WatchOutcome | None:
     """``CLOSED``, ``STORE_GONE`` or ``MEMBERSHIP`` when the rendezvous says so, else None.
 
     A store that is gone (a fresh connect fails) is noted on ``reporter``; one that only did
-    not answer this time is logged and asked again at the next check.
+    not answer this time is logged and asked again at the next check. Once a node of ``info``'s
+    round has finished, the round cannot re-form (:mod:`launcher.agent.finished`): a node that
+    finished and then vanished is no loss, and joining nodes are not let in; a lost node that had
+    not finished still returns ``MEMBERSHIP`` (the agent then ends the job, naming it).
     """
     try:
         if handler.is_closed():
@@ -42,15 +57,78 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
             return WatchOutcome.STORE_GONE
         log.warning("cannot reach the rendezvous store: %s", exc)
         return None
+    if (lost or waiting > 0) and info is not None:
+        finished = finished_nodes(info, reporter.plan.run_id)
+        gone = {n.node_id for n in finished} & set(lost)
+        if gone - reporter.gone_after_finishing:
+            log.info("node(s) %s finished, then left or were lost: their work is done",
+                     ", ".join(sorted(gone - reporter.gone_after_finishing)))
+            reporter.gone_after_finishing |= gone
+        lost = [node for node in lost if node not in gone]
+        if finished:
+            waiting = 0  # the round cannot re-form for them: a finished node joins no other round
     if lost:
+        reporter.lost = list(lost)
         log.warning("lost contact with node(s) %s; re-forming the group", ", ".join(lost))
         emit("membership_changed", lost=list(lost), waiting=waiting)
         return WatchOutcome.MEMBERSHIP
     if waiting > 0:
+        reporter.lost = []
         log.info("%d node(s) waiting to join; re-forming the group", waiting)
         emit("membership_changed", lost=[], waiting=waiting)
         return WatchOutcome.MEMBERSHIP
     return None
+
+
+def reform_blocked(info: RendezvousInfo, handler: RendezvousHandler, reporter: NodeReporter, run_id: str,
+                   failures: list[WorkerFailure]) -> list[FinishedNode]:
+    """Before leaving ``info``'s round for another: the nodes of the round that had finished
+    (non-empty: the new round cannot form; the caller ends the job). This node's failure is
+    shared first, so that a node finishing at this very moment, which sees the claim, names it."""
+    if info.group_world_size == 1:
+        return []
+    if failures:
+        from launcher.failures.report import FailureReport
+
+        root = FailureReport.from_failures(failures).root_cause.to_dict()
+        reporter.publish(info, handler, reporter.outcome(info, root=root))
+    return claim_reform(info, run_id)
+
+
+def cannot_reform(info: RendezvousInfo, handler: RendezvousHandler, reporter: NodeReporter,
+                  finished: list[FinishedNode], failures: list[WorkerFailure], ranks: list[RankState],
+                  emit: Callable[..., None], *, what: str | None, hang: HangReport | None = None,
+                  oom_watch: OomWatch | None = None) -> AgentResult:
+    """End the job for every node, because ``finished`` nodes will join no other round: with
+    this node's failures as the root cause, or the lost nodes that made it re-form. ``what``
+    would have been tried (``a restart``), for the note that says why it was not; ``None``
+    when nothing would have been (no restart left): then no note."""
+    notes = [no_reform_note(finished, what)] if what else []
+    for note in notes:
+        log.error("%s", note)
+    reason = None
+    if not failures and reporter.lost:
+        reason = f"lost contact with {', '.join(reporter.lost)} before it finished"
+    elif not failures:
+        reason = "its workers were stopped to re-form the group for a joining node"
+    result = reporter.job_failed(info, handler, failures, ranks, closer=True, hang=hang, oom_watch=oom_watch,
+                                 reason=reason, notes=notes)
+    emit("job_failed", reason=result.message or "worker failure", failures=len(failures))
+    return result
+
+
+def restart_closed(reporter: NodeReporter, handler: RendezvousHandler, info: RendezvousInfo,
+                   failures: list[WorkerFailure], ranks: list[RankState], exc: Exception,
+                   emit: Callable[..., None], run_id: str, oom_watch: OomWatch | None) -> AgentResult:
+    """This node's rendezvous for a restart failed after its workers failed in ``info``'s round:
+    closed by a node that had finished meanwhile (see :mod:`launcher.agent.finished`), or its
+    store shut down right after. The failure that led here is the job's story: report it."""
+    why = "the job was closed by another node" if isinstance(exc, RendezvousClosedError) else str(exc)
+    result = reporter.job_failed(info, handler, failures, ranks, closer=False, oom_watch=oom_watch,
+                                 notes=[f"the restart did not happen: {why}"])
+    withdraw_claim(info, run_id)  # the node that closed the job may stop serving the store now
+    emit("job_failed", reason="worker failure", failures=len(failures))
+    return result
 
 
 def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callable[..., None],
@@ -64,7 +142,7 @@ def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callabl
     round has already finished (it waits at the exit barrier, and will join no other round):
     then this node's own failure is the story, and it reports it.
     """
-    if info is not None and finished_nodes(info, plan.run_id) > 0:
+    if info is not None and finished_nodes(info, plan.run_id):
         return False
     if grace is None:
         grace = heartbeat_timeout(plan)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.store.api import KeyValueStore
@@ -38,6 +38,8 @@ class NodeOutcome:
     root: dict[str, Any] | None = None
     #: Why this node ended the job when no worker failed there (``the agent received SIGTERM``).
     reason: str | None = None
+    #: One-line facts every node's report repeats (``a restart was not possible: ...``).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -47,7 +49,8 @@ class NodeOutcome:
 
     def encode(self) -> bytes:
         return json.dumps(
-            {"g": self.group_rank, "node": self.node, "addr": self.addr, "root": self.root, "reason": self.reason},
+            {"g": self.group_rank, "node": self.node, "addr": self.addr, "root": self.root, "reason": self.reason,
+             "notes": self.notes},
             separators=(",", ":"),
         ).encode()
 
@@ -55,7 +58,8 @@ class NodeOutcome:
     def decode(cls, raw: bytes) -> NodeOutcome | None:
         try:
             data = json.loads(raw)
-            return cls(int(data["g"]), str(data["node"]), data.get("addr"), data.get("root"), data.get("reason"))
+            notes = [str(n) for n in data.get("notes") or []]
+            return cls(int(data["g"]), str(data["node"]), data.get("addr"), data.get("root"), data.get("reason"), notes)
         except (ValueError, KeyError, TypeError):
             return None
 

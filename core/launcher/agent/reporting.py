@@ -58,6 +58,10 @@ class NodeReporter:
         self.store_note: str | None = None
         #: This node's ranks when the workers were last stopped to re-form the group.
         self.last_ranks: list[RankState] = []
+        #: The nodes last found lost while the workers ran.
+        self.lost: list[str] = []
+        #: Nodes that finished and then vanished (already said; they are no loss).
+        self.gone_after_finishing: set[str] = set()
 
     def joined(self, info: RendezvousInfo, handler: RendezvousHandler) -> None:
         """Remember where this node stands in a multi-node round."""
@@ -121,11 +125,16 @@ class NodeReporter:
         return states
 
     def outcome(self, info: RendezvousInfo, root: dict[str, Any] | None = None,
-                reason: str | None = None) -> NodeOutcome:
+                reason: str | None = None, notes: Sequence[str] = ()) -> NodeOutcome:
         """This node's record for the other nodes."""
         from launcher.agent.outcome import NodeOutcome
 
-        return NodeOutcome(info.group_rank, self.node, self.node_addr, root, reason)
+        return NodeOutcome(info.group_rank, self.node, self.node_addr, root, reason, list(notes))
+
+    @property
+    def label(self) -> str:
+        """``host (node 1, 10.0.0.2)``: this node as reports name it (multi-node)."""
+        return f"{self.node} (node {self.group_rank}{', ' + self.node_addr if self.node_addr else ''})"
 
     def _lost_store(self, handler: RendezvousHandler, exc: BaseException) -> None:
         self.store_note = store_gone(handler) or f"cannot reach the rendezvous store: {exc}"
@@ -172,14 +181,21 @@ class NodeReporter:
 
     def job_failed(self, info: RendezvousInfo, handler: RendezvousHandler, failures: list[WorkerFailure],
                    ranks: list[RankState], *, closer: bool, hang: HangReport | None = None,
-                   oom_watch: OomWatch | None = None) -> AgentResult:
+                   oom_watch: OomWatch | None = None, reason: str | None = None,
+                   notes: Sequence[str] = ()) -> AgentResult:
         """End a failed job on this node: share this node's outcome, close the rendezvous, learn
-        the other nodes' outcomes, and report the job's root cause and every local rank."""
+        the other nodes' outcomes, and report the job's root cause and every local rank.
+
+        ``reason``: why this node ends the job when none of its workers failed (shared with the
+        others, and this node's message when no node reports a failed worker). ``notes``: one-line
+        facts for every node's report (shared too), such as why no restart was possible.
+        """
         from launcher.failures.report import FailureReport, ReportedFailure
 
         local = FailureReport.from_failures(failures, oom_watch=oom_watch) if failures else None
-        if closer or local is not None:
-            self.publish(info, handler, self.outcome(info, root=local.root_cause.to_dict() if local else None))
+        if closer or local is not None or reason is not None:
+            self.publish(info, handler, self.outcome(info, root=local.root_cause.to_dict() if local else None,
+                                                     reason=reason, notes=notes))
         if closer:
             with contextlib.suppress(StoreError, RendezvousError, OSError):
                 handler.set_closed()
@@ -189,7 +205,8 @@ class NodeReporter:
         entries = ([local.root_cause, *local.others] if local else []) + roots
         multi = info.group_world_size > 1
         this_node = f"{self.node} (node {info.group_rank}{', ' + self.node_addr if self.node_addr else ''})"
-        notes = [self.store_note] if self.store_note else []
+        shared = list(dict.fromkeys([*([reason] if reason else []), *notes, *(n for o in remote for n in o.notes)]))
+        report_notes = [*([self.store_note] if self.store_note else []), *shared]
         if entries:
             entries.sort(key=lambda r: (r.time, r.failure.timestamp, r.failure.rank))
             root = entries[0]
@@ -201,7 +218,7 @@ class NodeReporter:
                 title = f"the job failed on {root.failure.node_label}"
             report = FailureReport([root, *others_local], title=title, created=time.time(),
                                    node_ranks=ranks if multi else [], this_node=this_node if multi else "",
-                                   notes=notes)
+                                   notes=report_notes)
             if hang is not None:
                 report.title = "a rank hung; the workers were stopped"
                 report.hang = hang.to_dict()
@@ -209,11 +226,13 @@ class NodeReporter:
             return AgentResult(exit_code=1, failures=failures, report=report)
         reasons = [f"{o.label}: {o.reason}" for o in remote if o.reason]
         if self.store_note:
-            message = self.store_note
+            parts = [self.store_note]
         elif reasons:
-            message = "the job was ended by " + "; ".join(reasons)
+            parts = ["the job was ended by " + "; ".join(reasons)]
         else:
-            message = "the job was ended by another node (its workers failed, or it was stopped)"
+            parts = []
+        parts += [n for n in shared if not any(n in part for part in parts)]
+        message = "; ".join(parts) or "the job was ended by another node (its workers failed, or it was stopped)"
         if multi and ranks:
             self.log_ranks(ranks)
         return AgentResult(exit_code=1, message=message)

@@ -153,13 +153,24 @@ class StaticRendezvous(FixedMembership):
 
     def _wait(self, store: KeyValueStore, done_key: str, round_: int, deadline: float) -> None:
         key = f"{self._prefix}/round{round_}"
+        next_note = time.monotonic() + 30.0
         while True:
             try:
-                store.wait([done_key], timeout=min(30.0, max(0.1, deadline - time.monotonic())))
+                # One-second slices: a node that ended the job meanwhile (closed it) must end
+                # this wait too, say one that finished while this node failed and restarted.
+                store.wait([done_key], timeout=min(1.0, max(0.1, deadline - time.monotonic())))
                 return
             except StoreTimeoutError:
+                if store.check([f"{self._prefix}/closed"]):
+                    self._closed = True
+                    raise RendezvousClosedError(
+                        f"the rendezvous of run {self._params.run_id!r} was closed by another node") from None
+                now = time.monotonic()
+                if now < deadline and now < next_note:
+                    continue
+                next_note = now + 30.0
                 count = store.add(f"{key}/arrived", 0)
-                if time.monotonic() >= deadline:
+                if now >= deadline:
                     raise RendezvousTimeoutError(
                         f"static rendezvous round {round_}: only {count} of {self.world_size} nodes arrived "
                         f"within {self.timeout:.0f}s (store {format_endpoint(self.host, self.port)})"
