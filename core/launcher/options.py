@@ -202,12 +202,6 @@ def build_parser() -> _Parser:
         ),
     )
     add = parser.add_argument
-    from launcher import __version__
-
-    # Not torchrun's (it has none); no flag of torchrun's is spelled so, and after the script it
-    # is the script's argument as any other.
-    add("--version", action="version", version=f"launcher {__version__}",
-        help="Print launcher's version and exit.")
     # Size of the job.
     add("--nnodes", action=_EnvDefault, default="1:1",
         help="Number of nodes, or MIN:MAX for an elastic job (default 1:1).")
@@ -277,6 +271,12 @@ def build_parser() -> _Parser:
     parser.abbreviable = frozenset(flag for action in parser._actions for flag in action.option_strings
                                    if flag.startswith("--"))
     # launcher's own additions (no torchrun equivalent).
+    from launcher import __version__
+
+    # Not torchrun's (it has none), so never abbreviated; after the script it is the script's
+    # argument as any other.
+    add("--version", action="version", version=f"launcher {__version__}",
+        help="Print launcher's version and exit.")
     add(*_flag("--exit-barrier-timeout"), action=_EnvDefault, default="300",
         help="Seconds a finished node waits for the others before exiting (default 300).")
     add(*_flag("--numa-fallback"), action=_EnvDefault, default="warn", choices=("warn", "error"),

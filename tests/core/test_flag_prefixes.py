@@ -153,6 +153,7 @@ def test_known_torchrun_abbreviations(argv: list[str], dest: str, value: object)
     (["--prel=torch"], "--preload"),
     (["--worker-t", "never"], "--worker-tty"),
     (["--clus=none"], "--cluster"),
+    (["--vers"], "--version"),
 ])
 def test_launchers_own_flags_are_never_abbreviated(argv: list[str], names: str) -> None:
     with pytest.raises(UsageError) as caught:
