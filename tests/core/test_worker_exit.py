@@ -72,26 +72,17 @@ GLOO_LEFT_ALIVE = """
 """
 
 
-def test_a_gloo_group_left_alive_is_destroyed_after_the_scripts_own_exit_handlers(write_script):
+@pytest.mark.parametrize("mode", [["--run-path"], ["--preload", "torch"]], ids=["run-path", "preload"])
+def test_a_gloo_group_left_alive_is_destroyed_after_the_scripts_own_exit_handlers(write_script, mode):
+    """Where launcher's code runs the script (--run-path, or the --preload template), a gloo group
+    the script left alive is torn down after the script's own exit handlers."""
     script = write_script("leave.py", GLOO_LEFT_ALIVE)
-    result = run_launcher(["--standalone", "--nproc-per-node", "2", "--run-path", script], timeout=180)
+    result = run_launcher(["--standalone", "--nproc-per-node", "2", *mode, script], timeout=180)
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         lines = [line.split(":", 1)[1] for line in result.stdout.splitlines()
                  if line.startswith(f"[default{rank}]:")]
         # The script's own handler still sees its group; the teardown comes after it.
-        assert lines == [f"rank {rank} sum 1", "script's exit handler: initialized=True",
-                         f"rank {rank} group destroyed"], result.stdout
-
-
-def test_preloaded_script_workers_tear_the_group_down_too(write_script):
-    """--preload torch: launcher's template runs the script, so it can do what --run-path does."""
-    script = write_script("leave.py", GLOO_LEFT_ALIVE)
-    result = run_launcher(["--standalone", "--nproc-per-node", "2", "--preload", "torch", script], timeout=180)
-    assert result.returncode == 0, result.stderr
-    for rank in (0, 1):
-        lines = [line.split(":", 1)[1] for line in result.stdout.splitlines()
-                 if line.startswith(f"[default{rank}]:")]
         assert lines == [f"rank {rank} sum 1", "script's exit handler: initialized=True",
                          f"rank {rank} group destroyed"], result.stdout
 
