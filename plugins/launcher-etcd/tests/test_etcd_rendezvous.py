@@ -126,14 +126,17 @@ def test_a_killed_node_loses_its_keys_and_is_reported_lost_then_survivors_reform
         env=python_env(),
     )
     try:
+        # A client of its own under the job's prefix, to look at the victim's keys.
+        probe = make_store(shared_etcd.endpoint, f"/launcher/{run_id}/")
+        # The child joins first (its participant record is written), however slowly its interpreter
+        # starts: else the two below could form the round without it after their last call.
+        wait_for(lambda: probe.check([f"launcher/rdzv/{run_id}/0/node/1"]), 60, "the child to join")
         survivors = [handlers(node_params(shared_etcd.endpoint, run_id, "2:3", **conf)) for _ in range(2)]
         infos = rendezvous_all(survivors)
         line = child.stdout.readline() if child.stdout else ""
         assert line, child.stderr.read() if child.stderr else "no output"
         victim = json.loads(line)
         assert infos[0].group_world_size == 3 and victim["id"] in infos[0].participants
-        # A client of its own under the job's prefix, to look at the victim's heartbeat counter.
-        probe = make_store(shared_etcd.endpoint, f"/launcher/{run_id}/")
         victim_keys = [f"launcher/rdzv/{run_id}/{victim['round']}/hb/{victim['rank']}"]
         # The first heartbeat is written by the node's heartbeat thread, a tick after the round.
         wait_for(lambda: probe.check(victim_keys), 5, "the victim's first heartbeat")
