@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 from launcher import LaunchConfig, launch
@@ -40,6 +41,44 @@ def test_function_failure_raises_with_every_failure():
     assert [f.rank for f in failures] == [1]
     assert failures[0].exitcode == 3
     assert "exit code 3" in str(info.value)
+
+
+def _claim(path: str) -> str:
+    """Unpickled in each spawned worker's bootstrap, before its setsid(): the first one to get here
+    claims ``path`` with its pid and takes 3 s more; the other goes on at once."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return path
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    time.sleep(3)
+    return path
+
+
+class SlowForOneWorker:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (_claim, (self.path,))
+
+
+def fail_unless_slow(path: str) -> str:
+    with open(path) as claimed:
+        if claimed.read() == str(os.getpid()):
+            return "ok"
+    raise SystemExit(3)
+
+
+def test_a_worker_stopped_before_its_setsid_gets_the_signal(tmp_path):
+    # One worker fails while the other still unpickles its arguments, before it leads a process
+    # group of its own: the stop must reach it at once, not after the 30 s grace and a SIGKILL.
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        launch(LaunchConfig(nproc_per_node=2), fail_unless_slow)(SlowForOneWorker(str(tmp_path / "claim")))
+    assert [f.exitcode for f in info.value.failures] == [3]
+    assert time.monotonic() - start < 20
 
 
 def test_function_restart():

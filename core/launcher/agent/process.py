@@ -70,9 +70,23 @@ class WorkerProcess:
         raise NotImplementedError
 
     def signal_group(self, signum: int) -> bool:
-        """Send ``signum`` to the worker's process group; whether anything received it."""
+        """Send ``signum`` to the worker's process group; whether anything received it.
+
+        A worker that has not reached its ``setsid()`` yet (a spawned function worker still
+        unpickling its arguments) leads no group: it gets the signal itself, else a stop would
+        wait out its whole grace period for a process that was never told to stop.
+        """
         try:
             os.killpg(self.pid, signum)
+            return True
+        except PermissionError:
+            return False
+        except ProcessLookupError:
+            pass
+        if self.returncode is not None:  # reaped: its pid may belong to another process by now
+            return False
+        try:
+            os.kill(self.pid, signum)
             return True
         except (ProcessLookupError, PermissionError):
             return False
