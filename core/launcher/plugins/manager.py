@@ -88,6 +88,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "launcher.plugins.builtin.numa",
     "launcher.plugins.builtin.devices",
     "launcher.plugins.builtin.clusters",
+    "launcher.plugins.builtin.health_checks",
 )
 
 R = TypeVar("R", bound=Registration)
