@@ -132,9 +132,8 @@ def _missing_entries(entries: list[str], count: int, uuids: dict[str, int]) -> l
     """``CUDA_VISIBLE_DEVICES`` entries naming no device NVML sees (MIG and other forms unchecked)."""
     missing = []
     for entry in entries:
-        if entry.isdigit() and int(entry) >= count:
-            missing.append(entry)
-        elif entry.startswith("GPU-") and not any(u == entry or u.startswith(entry) for u in uuids):
+        unknown_uuid = entry.startswith("GPU-") and not any(u.startswith(entry) for u in uuids)
+        if (entry.isdigit() and int(entry) >= count) or unknown_uuid:
             missing.append(entry)
     if not missing:
         return []

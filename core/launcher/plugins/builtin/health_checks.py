@@ -43,7 +43,7 @@ def _command(context: CheckContext) -> CheckResult:
 @hookimpl
 def launcher_health_checks() -> Iterator[HealthCheck]:
     yield HealthCheck(name="gpu", check=_gpu, time_limit=15.0,
-                      description="NVIDIA GPUs through NVML: all expected ones visible, no ECC, retirement or bus fault")
+                      description="NVIDIA GPUs through NVML: all expected visible, no ECC, retirement or bus fault")
     yield HealthCheck(name="disk", check=_disk, time_limit=5.0,
                       description="At least 1 GiB free under --log-dir and the temporary directory")
     yield HealthCheck(name="python", check=_python, time_limit=60.0,
