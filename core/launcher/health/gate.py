@@ -38,8 +38,10 @@ class HealthGate:
         self._board: ExclusionBoard | None = _UNSET
         #: Set when this node failed a check: it joined nothing, and must not close the job.
         self.excluded: NodeSick | None = None
-        #: Every run's outcomes, the last one last (for tests and ``--health-checks`` diagnostics).
+        #: The last run's outcomes.
         self.last_outcomes: list[CheckOutcome] = []
+        #: The job's watchdog token, which every process a check starts carries.
+        self.job_token: str | None = None
 
     def _board_of(self, handler: object) -> ExclusionBoard | None:
         if self._board is _UNSET:
@@ -53,7 +55,10 @@ class HealthGate:
         health = self._plan.health
         if health is None:
             return
-        from launcher.health.runner import run_checks
+        from launcher.health.runner import JOB_TOKEN, run_checks
+
+        if self.job_token and self.job_token not in JOB_TOKEN:
+            JOB_TOKEN.append(self.job_token)
 
         outcomes = run_checks(health.checks, health.context)
         self.last_outcomes = outcomes
@@ -99,9 +104,10 @@ class HealthGate:
                        reason=record.reason)
         return new
 
-    def finish(self, handler: object) -> None:
-        """At the job's end: read the board once more, and name every excluded node again."""
-        if self.excluded is not None or self._board is _UNSET and not _lends_store(handler):
+    def finish(self, handler: object, store_ok: bool = True) -> None:
+        """At the job's end: read the board once more (not when the store is known to be gone:
+        ``store_ok`` false), and name every excluded node again."""
+        if self.excluded is not None or not store_ok or self._board is _UNSET and not _lends_store(handler):
             return
         self.poll(handler)
         board = self._board if self._board is not _UNSET else None

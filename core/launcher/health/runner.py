@@ -27,6 +27,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CheckOutcome", "ProcessResult", "run_checks", "run_process"]
 
+#: The job's watchdog token, which every process a check starts carries in its environment: the
+#: agent sets it (launcher.agent.watchdog), so that if the agent dies mid-check the watchdog kills
+#: the check's processes with the rest of the job. Empty outside an agent.
+JOB_TOKEN: list[str] = []
+
 
 @dataclass(frozen=True)
 class CheckOutcome:
@@ -101,9 +106,14 @@ def run_process(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
     At the limit the whole group is killed (SIGKILL), so children it started die with it, and the
     result has ``returncode`` ``None``. Output is read whole (a check's output is small).
     """
+    full_env = dict(os.environ if env is None else env)
+    if JOB_TOKEN:
+        from launcher.agent.watchdog import job_env
+
+        full_env = job_env(full_env, JOB_TOKEN[-1])
     process = subprocess.Popen(
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=None if env is None else dict(env), start_new_session=True,
+        env=full_env, start_new_session=True,
     )
     try:
         out, _ = process.communicate(timeout=timeout)
