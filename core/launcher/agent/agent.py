@@ -131,9 +131,8 @@ class Agent:
                 handler = self._handler if self._handler is not None else plan.rendezvous.create_handler()
                 stack.callback(lambda: self._close_rendezvous(handler, result.exit_code))
                 stack.callback(self._kill_group)
-                # Names the nodes health checks kept out; their processes carry the job's token.
-                stack.callback(lambda: self._health.finish(handler, store_ok=self._report.store_note is None))
-                self._health.job_token = watchdog.token
+                self._health.job_token = watchdog.token  # the checks' processes carry the job's token
+                stack.callback(lambda: self._health.finish(handler, result, self._report.store_note is None))
                 result = self._loop(handler, pump, watchdog)
             except NodeSick as exc:  # joined nothing: says why and leaves (docs/health.md)
                 result = AgentResult(exit_code=exc.exit_code, message=str(exc))

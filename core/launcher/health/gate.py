@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.health.api import NodeSick
 
 if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.result import AgentResult
     from launcher.health.board import ExcludedNode, ExclusionBoard
     from launcher.health.runner import CheckOutcome
     from launcher.plan import LaunchPlan
@@ -104,16 +105,22 @@ class HealthGate:
                        reason=record.reason)
         return new
 
-    def finish(self, handler: object, store_ok: bool = True) -> None:
+    def finish(self, handler: object, result: AgentResult | None = None, store_ok: bool = True) -> None:
         """At the job's end: read the board once more (not when the store is known to be gone:
-        ``store_ok`` false), and name every excluded node again."""
+        ``store_ok`` false), and name every excluded node again, in the log and as a note of
+        ``result``'s failure report when there is one."""
         if self.excluded is not None or not store_ok or self._board is _UNSET and not _lends_store(handler):
             return
         self.poll(handler)
         board = self._board if self._board is not _UNSET else None
-        if board is not None and board.seen:
-            log.warning("%d node(s) were kept out of this job by health checks: %s", len(board.seen),
-                        "; ".join(record.describe() for record in board.seen))
+        if board is None or not board.seen:
+            return
+        line = (f"{len(board.seen)} node(s) were kept out of this job by health checks: "
+                + "; ".join(record.describe() for record in board.seen))
+        if result is not None and result.report is not None:
+            result.report.notes.append(line)  # printed with the report
+        else:
+            log.warning("%s", line)
 
 
 def _lends_store(handler: object) -> bool:
