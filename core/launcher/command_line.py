@@ -225,7 +225,7 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
 
 
 # -- health checks (issue 26, launcher.health) --
-def _health_checks(value: str | None, flag: str) -> tuple[str, ...] | str | None:
+def _health_checks(value: str | None, flag: str) -> tuple[str, ...] | None:
     from launcher.health.settings import parse_health_checks
 
     return parse_health_checks(value, flag)
