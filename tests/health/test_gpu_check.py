@@ -31,6 +31,13 @@ def test_ecc_fault_names_the_gpu_and_the_count():
     assert nvml.calls[-1] == "shutdown"
 
 
+def test_fault_on_a_gpu_the_workers_do_not_use_is_not_theirs():
+    result, _ = _check(nvml_answers.ECC_FAULT, env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert result.status == HEALTHY, result.reason
+    result, _ = _check(nvml_answers.ECC_FAULT, env={"CUDA_VISIBLE_DEVICES": "GPU-1f0b6c7e"})
+    assert result.status == SICK and "GPU 1" in result.reason
+
+
 def test_missing_device_against_nproc():
     result, _ = _check(nvml_answers.MISSING, device_kind="gpu", nproc_per_node=2)
     assert result.status == SICK

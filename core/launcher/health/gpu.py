@@ -12,6 +12,9 @@ docs/health.md):
 - a device has retired pages pending (a reset is needed before they are retired), or row
   remapping failed or is pending (Ampere and later; the same).
 
+Faults count on the GPUs the workers use only: every GPU, unless ``CUDA_VISIBLE_DEVICES`` names
+some (a bad GPU another job's workers use is not this job's problem).
+
 Skipped when NVML cannot be loaded or initialised (no NVIDIA driver: a CPU node), or when NVML
 sees no GPU and none is expected. Calls a GPU does not support (ECC on consumer GPUs, row
 remapping before Ampere) are not faults.
@@ -80,13 +83,16 @@ def check_gpus(nvml: NvmlLibrary, context: CheckContext) -> CheckResult:
         if count == 0 and not expected:
             return skipped("NVML sees no GPU on this node, and none is expected")
         uuids: dict[str, int] = {}
-        problems: list[str] = []
+        faults: dict[int, str] = {}
         for index in range(count):
             problem, uuid = _device_problem(nvml, index)
             if uuid:
                 uuids[uuid] = index
             if problem:
-                problems.append(problem)
+                faults[index] = problem
+        used = _used_devices(entries, uuids) if entries is not None else None
+        # A fault on a GPU the workers do not use (CUDA_VISIBLE_DEVICES leaves it out) is not this job's.
+        problems = [problem for index, problem in faults.items() if used is None or index in used]
         if entries is not None:
             problems += _missing_entries(entries, count, uuids)
         if expected is not None and count < expected:
@@ -126,6 +132,20 @@ def _device_problem(nvml: NvmlLibrary, index: int) -> tuple[str | None, str]:
     if lost:  # the device answered its handle, then fell off the bus
         return f"{name} is lost from the bus", uuid
     return (f"{name}: {', '.join(faults)}" if faults else None), uuid
+
+
+def _used_devices(entries: list[str], uuids: dict[str, int]) -> set[int] | None:
+    """NVML indices of the devices ``CUDA_VISIBLE_DEVICES`` names; ``None`` (all of them) when an
+    entry has a form the check does not read (MIG instances)."""
+    used: set[int] = set()
+    for entry in entries:
+        if entry.isdigit():
+            used.add(int(entry))
+        elif entry.startswith("GPU-"):
+            used |= {index for uuid, index in uuids.items() if uuid.startswith(entry)}
+        else:
+            return None
+    return used
 
 
 def _missing_entries(entries: list[str], count: int, uuids: dict[str, int]) -> list[str]:
