@@ -27,11 +27,13 @@ DISTRIBUTIONS = {
     "launcher-webhook": "plugins/launcher-webhook",
     "launcher-jsonlogs": "plugins/launcher-jsonlogs",
     "launcher-torchx": "plugins/launcher-torchx",
+    "launcher-nodecheck": "plugins/launcher-nodecheck",
 }
 #: What the example job needs beyond the wheels (the README's command installs the same).
 JOB_REQUIREMENTS = ["torch==2.13.0", "numpy"]
 #: Plugin names each plugin wheel must register with launcher, and the distribution that gives them.
-PLUGINS = {"etcd": "launcher-etcd", "webhook": "launcher-webhook", "jsonlogs": "launcher-jsonlogs"}
+PLUGINS = {"etcd": "launcher-etcd", "webhook": "launcher-webhook", "jsonlogs": "launcher-jsonlogs",
+           "mounts": "launcher-nodecheck"}
 #: Not copied: caches, environments and earlier builds.
 SKIP = shutil.ignore_patterns(".git", ".tox", ".venv", "build", "dist", "*.egg-info", "__pycache__",
                               ".mypy_cache", ".ruff_cache", ".pytest_cache", "site", "results")

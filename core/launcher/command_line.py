@@ -217,8 +217,25 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         hang_timeout=parse_hang_timeout(args.hang_timeout, name("hang_timeout")),
         hang_watch=args.hang_watch,
         preload=_preload(args, name("preload")),
+        # -- health checks (issue 26, launcher.health) --
+        health_checks=_health_checks(args.health_checks, name("health_checks")),
+        health_check_cmd=_health_check_cmd(args.health_check_cmd, name("health_check_cmd")),
     )
     return CommandLine(config=config, command=command, run_path=run_path, device_provider=provider)
+
+
+# -- health checks (issue 26, launcher.health) --
+def _health_checks(value: str | None, flag: str) -> tuple[str, ...] | None:
+    from launcher.health.settings import parse_health_checks
+
+    return parse_health_checks(value, flag)
+
+
+def _health_check_cmd(value: str | None, flag: str) -> str | None:
+    from launcher.health.settings import parse_health_check_cmd
+
+    return parse_health_check_cmd(value, flag)
+# -- end health checks --
 
 
 def _names(value: str, flag: str, kind: str, example: str) -> list[str]:

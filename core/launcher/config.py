@@ -87,6 +87,12 @@ class LaunchConfig:
     hang_watch: str = "heartbeat"
     #: ``--preload``: modules a per-node template imports once, workers forked from it (launcher.agent.preload).
     preload: tuple[str, ...] = ()
+    # -- health checks (issue 26, launcher.health) --
+    #: ``--health-checks``: check names, ``"none"``, or ``None`` for the default checks.
+    health_checks: str | Sequence[str] | None = None
+    #: ``--health-check-cmd``: the site's health command (``None``: none).
+    health_check_cmd: str | None = None
+    # -- end health checks --
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -127,6 +133,9 @@ class LaunchConfig:
 
         self.hang_timeout = parse_hang_timeout(self.hang_timeout)
         self.hang_watch = parse_hang_watch(self.hang_watch)
+        from launcher.health.settings import check_health_config  # health checks (issue 26)
+
+        check_health_config(self)
         if self.preload:  # --preload; its machinery is imported only when asked for
             from launcher.agent.preload import parse_preload
 

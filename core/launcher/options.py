@@ -292,6 +292,13 @@ def build_parser() -> _Parser:
     add("--preload", action=_EnvDefault, default="",
         help="Comma list of modules ('torch', ...) that a template process imports once per node; every "
         "worker, at each start and restart, is forked from it instead of importing them again (default: none).")
+    # -- health checks (issue 26, launcher.health) --
+    add(*_flag("--health-checks"), action=_EnvDefault, default=None,
+        help="Checks run before each round this node joins, comma list, or none (default: every built-in that "
+        "applies: gpu, disk, python, command). A sick node stays out and exits with status 69.")
+    add(*_flag("--health-check-cmd"), action=_EnvDefault, default=None,
+        help="The site's health-check executable: exit 0 is healthy, else its first output line is the reason.")
+    # -- end health checks --
     add("--cluster", action=_EnvDefault, default="auto",
         help="Fill missing flags from a scheduler's environment: auto (default), none (torchrun's "
         "behaviour), or a cluster environment's name (slurm, openmpi, mpich, pmix, lsf, kubeflow).")

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.config import LaunchConfig
     from launcher.events.bus import EventBus
     from launcher.events.model import SinkContext
+    from launcher.health.plan import HealthPlan
     from launcher.plugins.manager import LauncherPluginManager
     from launcher.plugins.types import DeviceProvider, EventHandler, LogsSpecsLike, RendezvousBackend
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
@@ -150,6 +151,8 @@ class LaunchPlan:
     events: EventsPlan
     hangs: HangPlan | None
     device_provider: DeviceProvider | None
+    #: The health checks before each round (launcher.health); ``None``: ``--health-checks none``.
+    health: HealthPlan | None = None
 
 
 def build_plan(
@@ -210,7 +213,18 @@ def build_plan(
         events=_events_plan(config, manager, node, event_handlers),
         hangs=HangPlan(config.hang_timeout, config.hang_watch == "output") if config.hang_timeout else None,
         device_provider=device_provider,
+        health=_health_plan(config, manager, entry, base_env, node, device_provider),
     )
+
+
+def _health_plan(config: LaunchConfig, manager: LauncherPluginManager, entry: Entrypoint, base_env: Mapping[str, str],
+                 node: str, device_provider: DeviceProvider | None) -> HealthPlan | None:
+    from launcher.health.plan import build_health_plan
+    from launcher.health.settings import settings_of
+
+    return build_health_plan(settings_of(config), manager, node=node, entry=entry, env=base_env,
+                             log_dir=config.log_dir, preload=tuple(config.preload),
+                             nproc_per_node=config.nproc_per_node, device_provider=device_provider)
 
 
 def resolve_plugins(

@@ -318,6 +318,13 @@ CORPUS = [
     case("--event-log-handler", "null,nosuch", expect="unknown event handler 'nosuch'"),
     case("--numa-binding", "nodes", expect="did you mean node? choose one of"),
     case("--numa_binding", "x" * 500, expect="unknown numa strategy 'xxxx"),
+    case("--health-checks", "gpuu", expect="unknown health check 'gpuu': did you mean gpu?"),
+    case("--health-checks", "gpu,,disk", expect="--health-checks 'gpu,,disk' has an empty name"),
+    case("--health-checks", "mounts", expect="pip install ./plugins/launcher-nodecheck", env=NO_AUTOLOAD),
+    case(expect="PET_HEALTH_CHECKS 'none,gpu': 'none' turns every check off", env={"PET_HEALTH_CHECKS": "none,gpu"}),
+    case("--health-check-cmd", "/nonexistent/check", expect="--health-check-cmd '/nonexistent/check' does not exist"),
+    case("--health-check-cmd", "/", expect="--health-check-cmd '/' is not a file"),
+    case("--health-check-cmd", "/bin/true", "--health-checks", "gpu", expect="leaves out the 'command' check"),
     # Everything else.
     case("--start-method", "teleport", expect="--start-method must be spawn, fork or forkserver"),
     case("--signals-to-handle", "SIGNOPE", expect="'SIGNOPE' is not a signal the launcher can forward"),

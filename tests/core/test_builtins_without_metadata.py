@@ -92,6 +92,10 @@ def test_every_builtin_is_listed_without_metadata(bare_path: str) -> None:
         ("cluster environment", "slurm"),
         ("cluster environment", "lsf"),
         ("cluster environment", "kubeflow"),
+        ("health check", "gpu"),
+        ("health check", "disk"),
+        ("health check", "python"),
+        ("health check", "command"),
     }
     assert {row["plugin"] for row in rows} == {builtin_plugin_name(module) for module in BUILTIN_PLUGINS}
     assert "builtin-logs-specs" in {row["plugin"] for row in rows}  # the names LAUNCHER_BLOCK_PLUGINS takes

@@ -54,6 +54,7 @@ def test_every_type_has_a_constant() -> None:
             "worker_failed",
             "group_restarted",
             "membership_changed",
+            "node_excluded",
             "job_succeeded",
             "job_failed",
         }

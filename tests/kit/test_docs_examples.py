@@ -76,7 +76,7 @@ def test_every_example_file_is_in_the_distribution(source_tree: Path) -> None:
     assert files == sorted(
         ["pyproject.toml", "acme_launcher/__init__.py", "acme_launcher/rendezvous.py", "acme_launcher/logs.py",
          "acme_launcher/events.py", "acme_launcher/numa.py", "acme_launcher/devices.py", "acme_launcher/cluster.py",
-         "tests/test_acme.py"]
+         "acme_launcher/health.py", "tests/test_acme.py"]
     )
 
 
@@ -91,6 +91,7 @@ def test_installed_plugins_are_listed(site: str) -> None:
         ("numa strategy", "acme-split"),
         ("device provider", "acme"),
         ("cluster environment", "acme-grid"),
+        ("health check", "acme-fabric"),
     }
 
 
@@ -315,3 +316,21 @@ def test_cluster_environment_example(site: str, reporter: tuple[str, Path]) -> N
     reports = _reports(out)
     assert sorted(reports) == [0, 1] and {r["GROUP_RANK"] for r in reports.values()} == {"0", "1"}
     assert f"Acme grid job {job}: node 1 of 2, static rendezvous at 127.0.0.1:{15000 + int(job)}" in results[1][1]
+
+
+def test_health_check_example(site: str, reporter: tuple[str, Path], tmp_path: Path) -> None:
+    script, out = reporter
+    args = ["--standalone", "--health-checks", "acme-fabric,disk", script, str(out)]
+    missing = str(tmp_path / "fabric.sock")
+    sick = run_launcher(args, env={"PYTHONPATH": site, "ACME_FABRIC_SOCKET": missing})
+    assert sick.returncode == 69, sick.stderr
+    assert f"health check 'acme-fabric' failed: the fabric daemon does not answer on {missing}" in sick.stderr
+    assert not _reports(out)
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(missing)
+        server.listen()
+        fine = run_launcher(args, env={"PYTHONPATH": site, "ACME_FABRIC_SOCKET": missing})
+    assert fine.returncode == 0, fine.stderr
+    assert sorted(_reports(out)) == [0]

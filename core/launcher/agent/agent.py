@@ -33,6 +33,7 @@ from launcher.agent.signals import SignalForwarder, SignalReceived, signal_messa
 from launcher.agent.watchdog import Watchdog
 from launcher.errors import LaunchError
 from launcher.failures.exits import describe_exit
+from launcher.health.gate import HealthGate, NodeSick
 from launcher.logs.pump import OutputPump
 from launcher.plan import format_cpus
 from launcher.plugins.types import finish_logs, run_log_dir
@@ -81,6 +82,7 @@ class Agent:
         self._signals = SignalForwarder(plan.signals, hurry=self._hurry)
         self._report = NodeReporter(plan, self._emit)
         self._preload: Preloader | None = None  # --preload
+        self._health = HealthGate(plan, self._emit)  # checks before each round (launcher.health)
 
     def _emit(self, event_type: str, **data: Any) -> None:
         if self._events is not None:
@@ -129,7 +131,11 @@ class Agent:
                 handler = self._handler if self._handler is not None else plan.rendezvous.create_handler()
                 stack.callback(lambda: self._close_rendezvous(handler, result.exit_code))
                 stack.callback(self._kill_group)
+                self._health.job_token = watchdog.token  # the checks' processes carry the job's token
+                stack.callback(lambda: self._health.finish(handler, result, self._report.store_note is None))
                 result = self._loop(handler, pump, watchdog)
+            except NodeSick as exc:  # joined nothing: says why and leaves (docs/health.md)
+                result = AgentResult(exit_code=exc.exit_code, message=str(exc))
             except SignalReceived as exc:
                 result = AgentResult(exit_code=128 + exc.signum, message=signal_message(exc.signum))
             except (RendezvousError, StoreError) as exc:
@@ -163,7 +169,7 @@ class Agent:
             # Nothing answers there any more: leave without writing to it.
             if isinstance(handler, StoreBackedHandler):
                 handler.abandon_store()
-        else:
+        elif self._health.excluded is None:  # a sick node must not end the job of the healthy ones
             with contextlib.suppress(Exception):
                 if exit_code != 0 or not handler.is_closed():
                     handler.set_closed()
@@ -192,18 +198,14 @@ class Agent:
     # -- the loop ----------------------------------------------------------------------------
 
     def _rendezvous(self, handler: RendezvousHandler) -> RendezvousInfo:
+        self._health.before_join(handler)  # a sick node raises NodeSick instead of joining
         started = time.monotonic()
         self._emit("rendezvous_started", restart_count=self._restart_count)
         with self._signals.interruptible():
             info = handler.next_rendezvous()
-        self._emit(
-            "rendezvous_completed",
-            round=info.round,
-            group_rank=info.group_rank,
-            group_world_size=info.group_world_size,
-            participants=list(info.participants),
-            duration=round(time.monotonic() - started, 6),
-        )
+        self._emit("rendezvous_completed", round=info.round, group_rank=info.group_rank,
+                   group_world_size=info.group_world_size, participants=list(info.participants),
+                   duration=round(time.monotonic() - started, 6))
         return info
 
     def _loop(self, handler: RendezvousHandler, pump: OutputPump, watchdog: Watchdog) -> AgentResult:
@@ -243,6 +245,7 @@ class Agent:
             previous = info
             report.joined(info, handler)
             group = self._start(info, pump, watchdog)
+            self._health.poll(handler)  # nodes kept out by health checks, named once the workers run
             # Loaded once the workers run: off the path to their first start.
             from launcher.agent.barrier import exit_barrier
             from launcher.agent.membership import (
@@ -290,7 +293,9 @@ class Agent:
             # A worker failed (or hung: the hang report is printed before the group is stopped).
             hang = self._hangs.report if outcome is WatchOutcome.HUNG and self._hangs is not None else None
             if hang is not None and self._hangs is not None:
-                self._hangs.announce(_hang_outcome(remaining_restarts, plan.max_restarts))
+                from launcher.hangs.report import hang_outcome
+
+                self._hangs.announce(hang_outcome(remaining_restarts, plan.max_restarts))
             failures, ranks = self._stop_failed(group, failed)
             if self._hangs is not None:
                 self._hangs.detach()
@@ -484,15 +489,10 @@ class Agent:
                 return WatchOutcome.HUNG, self._hangs.hung_slots()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
+                self._health.poll(handler)
                 change = membership_changed(handler, self._report, self._emit, info)
                 if change is not None:
                     return change, []
-
-def _hang_outcome(remaining_restarts: int, max_restarts: int) -> str:
-    if remaining_restarts > 0:
-        number = max_restarts - remaining_restarts + 1
-        return f"stopping the workers and restarting them (restart {number} of {max_restarts})"
-    return "stopping the workers; no restarts left, the job fails"
 
 
 __all__ = ["Agent", "AgentResult", "Entrypoint", "LaunchError", "SignalReceived", "WatchOutcome", "worker_environment"]

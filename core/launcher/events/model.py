@@ -48,6 +48,8 @@ GROUP_RESTARTED = "group_restarted"
 MEMBERSHIP_CHANGED = "membership_changed"
 #: A rank stopped making progress (--hang-timeout): every rank's stack was taken.
 HANG_DETECTED = "hang_detected"
+#: A node failed a health check and stays out of the job (launcher.health).
+NODE_EXCLUDED = "node_excluded"
 #: Every worker of this node succeeded; the job is done here.
 JOB_SUCCEEDED = "job_succeeded"
 #: The job failed here for good (restarts exhausted, or an error the agent cannot recover from).
@@ -98,6 +100,12 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
         "groups": 'ranks grouped by identical main-thread stack: [{"ranks": [...], "stack": "f (a.py:1) <- ..."}]',
         "stacks_file": "this node's file with every thread's full stack",
         "outcome": "what happens next: a restart, or the job fails",
+    },
+    NODE_EXCLUDED: {
+        "excluded_node": "host name of the node kept out of the job",
+        "addr": "its address, or null when it announced none",
+        "check": "name of the health check it failed",
+        "reason": "one line: what the check found",
     },
     JOB_SUCCEEDED: {
         "restart_count": "restarts used",

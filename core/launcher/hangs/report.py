@@ -278,3 +278,11 @@ def write_stacks_file(path: str, report: HangReport, node: NodeSummary) -> None:
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write("\n".join(parts))
     os.replace(tmp, path)
+
+
+def hang_outcome(remaining_restarts: int, max_restarts: int) -> str:
+    """What the agent does after a hang: the words of the hang report's outcome line."""
+    if remaining_restarts > 0:
+        number = max_restarts - remaining_restarts + 1
+        return f"stopping the workers and restarting them (restart {number} of {max_restarts})"
+    return "stopping the workers; no restarts left, the job fails"

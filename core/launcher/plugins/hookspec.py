@@ -1,4 +1,4 @@
-"""Hook specifications: the six kinds of plugin launcher accepts.
+"""Hook specifications: the seven kinds of plugin launcher accepts.
 
 A plugin is any module or object with functions decorated by :data:`launcher.plugins.hookimpl`
 and named after one of the hooks below. It is found through the ``launcher`` entry-point group::
@@ -30,6 +30,7 @@ from launcher.plugins.types import (
     ClusterEnvironment,
     DeviceProvider,
     EventHandler,
+    HealthCheck,
     LogsSpecsProvider,
     NumaStrategy,
     RendezvousBackend,
@@ -185,3 +186,29 @@ class LauncherSpecs:
                                          detect=_detect, variables=("GRID_JOB",))
         """
 
+
+    @hookspec
+    def launcher_health_checks(self) -> Iterable[HealthCheck]:  # type: ignore[empty-body]
+        """Register health checks (``--health-checks NAME``), run before each round a node joins.
+
+        Example, a node is sick when ``/scratch`` is not mounted (``--health-checks scratch``, or
+        every launch when ``default=True``)::
+
+            import os
+
+            from launcher.health.api import healthy, sick, skipped
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import HealthCheck
+
+            def _scratch_mounted(context):
+                if not os.path.isdir("/scratch"):
+                    return skipped("no /scratch on this node")
+                if not os.path.ismount("/scratch"):
+                    return sick("/scratch is not mounted")
+                return healthy()
+
+            @hookimpl
+            def launcher_health_checks():
+                yield HealthCheck(name="scratch", description="/scratch is mounted",
+                                  check=_scratch_mounted, time_limit=5.0, default=False)
+        """

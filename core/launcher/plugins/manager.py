@@ -51,6 +51,7 @@ from launcher.plugins.torchrun_groups import torchrun_registrations
 from launcher.plugins.types import (
     REGISTRATION_CLASSES,
     EventHandler,
+    HealthCheck,
     LogsSpecsProvider,
     Registration,
     RendezvousBackend,
@@ -88,6 +89,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "launcher.plugins.builtin.numa",
     "launcher.plugins.builtin.devices",
     "launcher.plugins.builtin.clusters",
+    "launcher.plugins.builtin.health_checks",
 )
 
 R = TypeVar("R", bound=Registration)
@@ -429,6 +431,8 @@ KNOWN_DISTRIBUTIONS: Mapping[tuple[type[Registration], str], str] = {
     (RendezvousBackend, "etcd-v2"): "launcher-etcd",
     (EventHandler, "webhook"): "launcher-webhook",
     (LogsSpecsProvider, "jsonlogs"): "launcher-jsonlogs",
+    (HealthCheck, "mounts"): "launcher-nodecheck",
+    (HealthCheck, "shm"): "launcher-nodecheck",
 }
 
 

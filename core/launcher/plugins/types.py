@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.clusters.api import ClusterInfo
     from launcher.events.model import EventSink, SinkContext
+    from launcher.health.api import CheckContext, CheckResult
     from launcher.numa.strategies import AffinityStrategy
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
     from launcher.store.api import KeyValueStore
@@ -286,6 +287,34 @@ class ClusterEnvironment(Registration):
     variables: tuple[str, ...] = field(default=(), kw_only=True)
 
 
+@dataclass(frozen=True)
+class HealthCheck(Registration):
+    """A health check (``--health-checks NAME[,NAME...]``), run before each round the node joins.
+
+    ``check`` is called with a :class:`~launcher.health.api.CheckContext` and returns
+    :func:`~launcher.health.api.healthy`, :func:`~launcher.health.api.sick` (one-line reason: the
+    node does not join) or :func:`~launcher.health.api.skipped` (one-line note: the check does not
+    apply here). It runs in a thread of its own, beside the other checks, and must answer within
+    ``time_limit`` seconds: one that overruns or raises is reported sick, naming it. A check that
+    runs a process should use :func:`launcher.health.runner.run_process` (its process group is
+    killed at the limit). ``default`` says whether it runs when ``--health-checks`` is not given;
+    a default check must be cheap on a healthy node (it delays every start) and skip itself where
+    it does not apply.
+    """
+
+    kind: ClassVar[str] = "health check"
+    hook: ClassVar[str] = "launcher_health_checks"
+
+    check: Callable[[CheckContext], CheckResult] = field(kw_only=True)
+    time_limit: float = field(default=10.0, kw_only=True)
+    default: bool = field(default=True, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (isinstance(self.time_limit, (int, float)) and 0 < self.time_limit <= 3600):
+            raise ValueError(f"health check {self.name!r}: time_limit must be seconds in (0, 3600]")
+
+
 #: Every kind of registration, in the order listings show them. The classes themselves are the
 #: kinds: there is no table of kind names to keep in step with them.
 REGISTRATION_CLASSES: tuple[type[Registration], ...] = (
@@ -295,4 +324,5 @@ REGISTRATION_CLASSES: tuple[type[Registration], ...] = (
     NumaStrategy,
     DeviceProvider,
     ClusterEnvironment,
+    HealthCheck,
 )

@@ -275,6 +275,14 @@ class DynamicRendezvousHandler:
             return []
         return self._lost.read(self._ops, self._keys, m.round)
 
+    # -- launcher.health (issue 26): the store before this node joins any round --------------
+
+    def shared_store(self, prefix: str) -> RoundStore:
+        """The rendezvous store, keys under ``prefix`` (outside the rendezvous's own keys),
+        usable before this node joins a round: a node a health check keeps out leaves its record
+        there (:mod:`launcher.health.board`)."""
+        return RoundStore(self._ops, prefix)
+
     # -- ending ------------------------------------------------------------------------------
 
     def is_closed(self) -> bool:

@@ -25,6 +25,8 @@ One suite per kind of plugin (:func:`conformance_suites`):
 :class:`LogsSpecsConformance`, :class:`EventHandlerConformance`, :class:`NumaStrategyConformance`,
 :class:`DeviceProviderConformance`, :class:`ClusterEnvironmentConformance`
     the contracts of the other five kinds (cluster environments: sample jobs' environments).
+:class:`HealthCheckConformance`
+    health checks: one-line answers within the time limit, nothing left running, sick when it should be.
 
 Every suite also checks that the plugin module imports quickly and without torch
 (:class:`PluginModuleConformance`). See ``docs/plugins.md``.
@@ -48,12 +50,14 @@ pytest.register_assert_rewrite(
     "launcher.testing.numa_suite",
     "launcher.testing.devices_suite",
     "launcher.testing.clusters_suite",
+    "launcher.testing.health_suite",
 )
 
 if TYPE_CHECKING:  # pragma: no cover - the names below are imported on first use
     from launcher.testing.clusters_suite import ClusterEnvironmentConformance, plain_environments
     from launcher.testing.devices_suite import DeviceProviderConformance
     from launcher.testing.events_suite import EventHandlerConformance, sample_events
+    from launcher.testing.health_suite import HealthCheckConformance, standard_contexts
     from launcher.testing.logs_suite import LogsSpecsConformance, worker_envs
     from launcher.testing.numa_suite import NumaStrategyConformance
     from launcher.testing.plugin_suite import PluginModuleConformance
@@ -77,6 +81,8 @@ _EXPORTS = {
     "plain_environments": "clusters_suite",
     "DeviceProviderConformance": "devices_suite",
     "EventHandlerConformance": "events_suite",
+    "HealthCheckConformance": "health_suite",
+    "standard_contexts": "health_suite",
     "sample_events": "events_suite",
     "LogsSpecsConformance": "logs_suite",
     "worker_envs": "logs_suite",
@@ -107,6 +113,7 @@ SUITES_BY_KIND: dict[str, tuple[str, str]] = {
     "numa strategy": ("numa_suite", "NumaStrategyConformance"),
     "device provider": ("devices_suite", "DeviceProviderConformance"),
     "cluster environment": ("clusters_suite", "ClusterEnvironmentConformance"),
+    "health check": ("health_suite", "HealthCheckConformance"),
 }
 
 
@@ -135,6 +142,7 @@ __all__ = [
     "ClusterEnvironmentConformance",
     "DeviceProviderConformance",
     "EventHandlerConformance",
+    "HealthCheckConformance",
     "FakeTopology",
     "KeyValueStoreConformance",
     "LogsSpecsConformance",
@@ -149,6 +157,7 @@ __all__ = [
     "StoreBackendConformance",
     "create_handler",
     "sample_events",
+    "standard_contexts",
     "standard_topologies",
     "plain_environments",
     "worker_envs",

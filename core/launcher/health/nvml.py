@@ -1,0 +1,205 @@
+"""NVML for the ``gpu`` check: a small ctypes binding to ``libnvidia-ml.so.1``, and its seam.
+
+NVML is the driver's management library: it answers from the kernel driver without creating a
+CUDA context (no device memory, no seconds-long CUDA initialisation, nothing a worker then
+contends with). The check uses only the calls of :class:`NvmlLibrary`, each answering
+``(return code, value)`` as NVML does; :class:`CtypesNvml` is the real binding and
+:class:`RecordedNvml` replays answers recorded on a machine (tests, and the conformance suite),
+so the check's reading of NVML is the same code for both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+__all__ = [
+    "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_SUCCESS",
+    "CtypesNvml",
+    "NvmlLibrary",
+    "NvmlUnavailable",
+    "RecordedNvml",
+]
+
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+#: nvmlMemoryErrorType_t and nvmlEccCounterType_t values the check uses.
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+
+_NAMES = {
+    0: "success", 1: "not initialised", 2: "invalid argument", 3: "not supported", 4: "no permission",
+    9: "driver not loaded", 12: "library not found", 13: "function not found", 15: "GPU is lost",
+    17: "operating system call failed", 18: "driver/library version mismatch", 999: "unknown error",
+}
+
+
+def error_name(code: int) -> str:
+    """NVML's name for a return code (``GPU is lost``)."""
+    return _NAMES.get(code, f"NVML error {code}")
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used on this node (no library, no driver): the check is skipped."""
+
+
+class NvmlLibrary(Protocol):
+    """The NVML calls the ``gpu`` check makes; each returns NVML's return code and the value.
+
+    ``device`` values are opaque handles from :meth:`handle`.
+    """
+
+    def init(self) -> int: ...
+    def shutdown(self) -> int: ...
+    def device_count(self) -> tuple[int, int]: ...
+    def handle(self, index: int) -> tuple[int, Any]: ...
+    def uuid(self, device: Any) -> tuple[int, str]: ...
+    def uncorrectable_ecc_errors(self, device: Any) -> tuple[int, int]:
+        """Volatile (since the driver loaded) uncorrected ECC errors, all memory locations."""
+        ...
+    def retired_pages_pending(self, device: Any) -> tuple[int, bool]: ...
+    def remapped_rows(self, device: Any) -> tuple[int, tuple[bool, bool]]:
+        """``(pending, failure occurred)`` of row remapping (Ampere and later)."""
+        ...
+
+
+class CtypesNvml:
+    """:class:`NvmlLibrary` over ``libnvidia-ml.so.1`` through ctypes (no new dependency).
+
+    Raises :class:`NvmlUnavailable` when the library cannot be loaded.
+    """
+
+    def __init__(self, path: str = "libnvidia-ml.so.1") -> None:
+        try:
+            self._lib = ctypes.CDLL(path)
+        except OSError as exc:
+            raise NvmlUnavailable(f"no NVIDIA driver here ({path} cannot be loaded: {exc})") from None
+
+    def _call(self, name: str, *args: Any) -> int:
+        try:
+            function = getattr(self._lib, name)
+        except AttributeError:
+            return 13  # function not found: an older driver
+        return int(function(*args))
+
+    def init(self) -> int:
+        return self._call("nvmlInit_v2")
+
+    def shutdown(self) -> int:
+        return self._call("nvmlShutdown")
+
+    def device_count(self) -> tuple[int, int]:
+        count = ctypes.c_uint(0)
+        return self._call("nvmlDeviceGetCount_v2", ctypes.byref(count)), count.value
+
+    def handle(self, index: int) -> tuple[int, Any]:
+        device = ctypes.c_void_p()
+        return self._call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(device)), device
+
+    def uuid(self, device: Any) -> tuple[int, str]:
+        buffer = ctypes.create_string_buffer(96)
+        code = self._call("nvmlDeviceGetUUID", device, buffer, ctypes.c_uint(len(buffer)))
+        return code, buffer.value.decode(errors="replace")
+
+    def uncorrectable_ecc_errors(self, device: Any) -> tuple[int, int]:
+        count = ctypes.c_ulonglong(0)
+        code = self._call("nvmlDeviceGetTotalEccErrors", device, ctypes.c_int(NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+                          ctypes.c_int(NVML_VOLATILE_ECC), ctypes.byref(count))
+        return code, count.value
+
+    def retired_pages_pending(self, device: Any) -> tuple[int, bool]:
+        state = ctypes.c_int(0)
+        return self._call("nvmlDeviceGetRetiredPagesPendingStatus", device, ctypes.byref(state)), bool(state.value)
+
+    def remapped_rows(self, device: Any) -> tuple[int, tuple[bool, bool]]:
+        corrected, uncorrected, pending, failed = (ctypes.c_uint(0) for _ in range(4))
+        code = self._call("nvmlDeviceGetRemappedRows", device, ctypes.byref(corrected), ctypes.byref(uncorrected),
+                          ctypes.byref(pending), ctypes.byref(failed))
+        return code, (bool(pending.value), bool(failed.value))
+
+
+class RecordedNvml:
+    """:class:`NvmlLibrary` replaying recorded answers (what ``record_nvml`` wrote on a machine).
+
+    ``answers`` holds ``init`` (a return code), ``devices`` (a list, one mapping per device
+    index, of call name to ``[code, value]``: ``handle``, ``uuid``, ``uncorrectable_ecc_errors``,
+    ``retired_pages_pending``, ``remapped_rows``) and optionally ``device_count`` (``[code,
+    value]``; default: the number of devices listed). A call missing from a device's mapping
+    answers "not supported".
+    """
+
+    def __init__(self, answers: Mapping[str, Any]) -> None:
+        self._answers = answers
+        self._devices: list[Mapping[str, Any]] = list(answers.get("devices", []))
+        self.calls: list[str] = []
+
+    def _device_answer(self, device: Any, call: str, default: Any) -> tuple[int, Any]:
+        self.calls.append(call)
+        found = self._devices[int(device)].get(call)
+        if found is None:
+            return NVML_ERROR_NOT_SUPPORTED, default
+        code, value = found
+        return int(code), value
+
+    def init(self) -> int:
+        self.calls.append("init")
+        return int(self._answers.get("init", NVML_SUCCESS))
+
+    def shutdown(self) -> int:
+        self.calls.append("shutdown")
+        return NVML_SUCCESS
+
+    def device_count(self) -> tuple[int, int]:
+        self.calls.append("device_count")
+        code, value = self._answers.get("device_count", [NVML_SUCCESS, len(self._devices)])
+        return int(code), int(value)
+
+    def handle(self, index: int) -> tuple[int, Any]:
+        self.calls.append("handle")
+        if index >= len(self._devices):
+            return 2, None
+        code = self._devices[index].get("handle", [NVML_SUCCESS, index])[0]
+        return int(code), index
+
+    def uuid(self, device: Any) -> tuple[int, str]:
+        code, value = self._device_answer(device, "uuid", "")
+        return code, str(value)
+
+    def uncorrectable_ecc_errors(self, device: Any) -> tuple[int, int]:
+        code, value = self._device_answer(device, "uncorrectable_ecc_errors", 0)
+        return code, int(value)
+
+    def retired_pages_pending(self, device: Any) -> tuple[int, bool]:
+        code, value = self._device_answer(device, "retired_pages_pending", False)
+        return code, bool(value)
+
+    def remapped_rows(self, device: Any) -> tuple[int, tuple[bool, bool]]:
+        code, value = self._device_answer(device, "remapped_rows", [False, False])
+        pending, failed = value
+        return code, (bool(pending), bool(failed))
+
+
+def record_nvml(nvml: NvmlLibrary) -> dict[str, Any]:
+    """Every answer the ``gpu`` check would read from ``nvml``, in :class:`RecordedNvml`'s form
+    (``python -c 'import json; from launcher.health.nvml import *; print(json.dumps(record_nvml(CtypesNvml())))'``)."""
+    record: dict[str, Any] = {"init": nvml.init(), "devices": []}
+    if record["init"] != NVML_SUCCESS:
+        return record
+    try:
+        code, count = nvml.device_count()
+        record["device_count"] = [code, count]
+        for index in range(count if code == NVML_SUCCESS else 0):
+            hcode, device = nvml.handle(index)
+            entry: dict[str, Any] = {"handle": [hcode, index]}
+            if hcode == NVML_SUCCESS:
+                for call in ("uuid", "uncorrectable_ecc_errors", "retired_pages_pending", "remapped_rows"):
+                    entry[call] = list(getattr(nvml, call)(device))
+            record["devices"].append(entry)
+    finally:
+        nvml.shutdown()
+    return record

@@ -1,0 +1,51 @@
+"""NVML answers recorded on real machines, in :class:`launcher.health.nvml.RecordedNvml`'s form.
+
+``HEALTHY`` is two A100s as ``record_nvml(CtypesNvml())`` reads them; the others are the same
+machine with one fault each, as NVML reports it (return codes from nvml.h).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+_A100 = {
+    "handle": [0, 0],
+    "uuid": [0, "GPU-8c3a2a54-5a3e-2b61-6f35-0f2c1d9e7a10"],
+    "uncorrectable_ecc_errors": [0, 0],
+    "retired_pages_pending": [0, False],
+    "remapped_rows": [0, [False, False]],
+}
+
+HEALTHY: dict[str, Any] = {
+    "init": 0,
+    "device_count": [0, 2],
+    "devices": [
+        _A100,
+        {**_A100, "handle": [0, 1], "uuid": [0, "GPU-1f0b6c7e-77a2-9d3c-0c4e-5b8a2f6d3e21"]},
+    ],
+}
+
+
+def with_device(index: int, **answers: Any) -> dict[str, Any]:
+    """``HEALTHY`` with device ``index``'s answers changed."""
+    record = copy.deepcopy(HEALTHY)
+    record["devices"][index].update(answers)
+    return record
+
+
+#: GPU 1 reports 2 volatile uncorrectable ECC errors.
+ECC_FAULT = with_device(1, uncorrectable_ecc_errors=[0, 2])
+#: GPU 1 fell off the bus: its handle answers NVML_ERROR_GPU_IS_LOST (15).
+LOST = with_device(1, handle=[15, None])
+#: One GPU of two missing: NVML counts one.
+MISSING = {"init": 0, "device_count": [0, 1], "devices": [copy.deepcopy(_A100)]}
+#: A consumer GPU: ECC, page retirement and row remapping are not supported (3).
+NO_ECC = {
+    "init": 0,
+    "devices": [{"handle": [0, 0], "uuid": [0, "GPU-00000000-1111-2222-3333-444444444444"],
+                 "uncorrectable_ecc_errors": [3, 0], "retired_pages_pending": [3, False],
+                 "remapped_rows": [3, [False, False]]}],
+}
+#: The library loads, but no driver is loaded (NVML_ERROR_DRIVER_NOT_LOADED, 9).
+NO_DRIVER = {"init": 9, "devices": []}

@@ -1,0 +1,106 @@
+"""The built-in ``disk``, ``python`` and ``command`` checks: healthy, sick and skipped."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+from launcher.errors import UsageError
+from launcher.health.api import HEALTHY, SICK, SKIPPED, CheckContext
+from launcher.health.builtin import MIN_FREE_ENV, check_command, check_disk, check_python, min_free_bytes
+
+
+def _executable(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_disk_healthy_and_sick(tmp_path):
+    context = CheckContext(node="n", temp_dir=str(tmp_path), log_dir=str(tmp_path / "not-yet" / "logs"))
+    assert check_disk(context).status == HEALTHY
+    huge = CheckContext(node="n", env={MIN_FREE_ENV: "1000000"}, temp_dir=str(tmp_path), log_dir=str(tmp_path / "l"))
+    result = check_disk(huge)
+    assert result.status == SICK
+    assert "--log-dir" in result.reason and "1000000.0 GiB needed" in result.reason
+
+
+def test_disk_threshold_is_validated():
+    assert min_free_bytes({}) == 1 << 30
+    assert min_free_bytes({MIN_FREE_ENV: "2"}) == 2 << 30
+    with pytest.raises(UsageError, match=MIN_FREE_ENV):
+        min_free_bytes({MIN_FREE_ENV: "lots"})
+
+
+def test_python_script_module_and_preload(tmp_path):
+    env = dict(os.environ)
+    assert check_python(CheckContext(node="n", env=env, python=sys.executable, script="x.py")).status == HEALTHY
+    ok = CheckContext(node="n", env=env, python=sys.executable, module="json.tool", preload=("email",))
+    assert check_python(ok).status == HEALTHY
+    bad = CheckContext(node="n", env=env, python=sys.executable, module="no_such_package_here.train")
+    result = check_python(bad)
+    assert result.status == SICK
+    assert "No module named 'no_such_package_here'" in result.reason
+    broken = tmp_path / "brokenpkg"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
+    env_broken = {**env, "PYTHONPATH": str(tmp_path)}
+    result = check_python(CheckContext(node="n", env=env_broken, python=sys.executable, preload=("brokenpkg",)))
+    assert result.status == SICK and "RuntimeError: half-installed" in result.reason
+
+
+def test_python_skipped_without_python():
+    assert check_python(CheckContext(node="n", python=None)).status == SKIPPED
+
+
+def test_python_interpreter_missing(tmp_path):
+    result = check_python(CheckContext(node="n", python=str(tmp_path / "nopython")))
+    assert result.status == SICK and "cannot start" in result.reason
+
+
+def test_command_healthy_sick_and_skipped(tmp_path):
+    assert check_command(CheckContext(node="n")).status == SKIPPED
+    ok = _executable(tmp_path, "ok", "exit 0\n")
+    assert check_command(CheckContext(node="n", command=ok)).status == HEALTHY
+    bad = _executable(tmp_path, "bad", "echo\necho 'ib0 is down' >&2\necho second line\nexit 3\n")
+    result = check_command(CheckContext(node="n", command=bad))
+    assert result.status == SICK
+    assert result.reason == f"ib0 is down ({bad} exited with status 3)"
+
+
+def test_command_that_prints_nothing(tmp_path):
+    silent = _executable(tmp_path, "silent", "exit 7\n")
+    result = check_command(CheckContext(node="n", command=silent))
+    assert result.status == SICK
+    assert result.reason == f"{silent} exited with status 7 and printed nothing"
+
+
+def test_command_killed_by_a_signal(tmp_path):
+    killed = _executable(tmp_path, "killed", "kill -KILL $$\n")
+    result = check_command(CheckContext(node="n", command=killed))
+    assert result.status == SICK and "killed by SIGKILL" in result.reason
+
+
+def test_command_that_hangs_is_killed_with_its_children(tmp_path):
+    marker = tmp_path / "child.pid"
+    hang = _executable(tmp_path, "hang", f"sleep 300 &\necho $! > {marker}\necho checking\nsleep 300\n")
+    started = time.monotonic()
+    result = check_command(CheckContext(node="n", command=hang, time_limit=1.0))
+    assert time.monotonic() - started < 30
+    assert result.status == SICK and "did not finish within 1 s" in result.reason
+    child = int(marker.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child), "the command's child outlived the time limit"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
