@@ -1,7 +1,9 @@
-"""NVML answers recorded on real machines, in :class:`launcher.health.nvml.RecordedNvml`'s form.
+"""NVML answers in :class:`launcher.health.nvml.RecordedNvml`'s form, for the ``gpu`` check's tests.
 
-``HEALTHY`` is two A100s as ``record_nvml(CtypesNvml())`` reads them; the others are the same
-machine with one fault each, as NVML reports it (return codes from nvml.h).
+Written by hand to NVML's documented shapes and return codes (nvml.h), not captured from a machine:
+no GPU was at hand. ``HEALTHY`` stands for two A100-like devices; the others are the same devices
+with one fault each. On a GPU machine, ``record_nvml(CtypesNvml())`` gives a real capture to put
+beside them.
 """
 
 from __future__ import annotations
