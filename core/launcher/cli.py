@@ -80,7 +80,7 @@ def run(argv: Sequence[str]) -> int:
     is ended at once.
     """
     from launcher.command_line import config_from_args
-    from launcher.options import check_environment, parse_args
+    from launcher.options import check_environment, flag_groups, parse_args
     from launcher.plugins.manager import get_plugin_manager
 
     autoload = check_environment(os.environ)
@@ -90,7 +90,10 @@ def run(argv: Sequence[str]) -> int:
         from launcher.hangs.ondemand import stacks_command
 
         return stacks_command(argv[1:])
-    args = parse_args(argv)
+    # Plugins may add flags, so they are loaded before the command line is read.
+    manager = get_plugin_manager(autoload=autoload)
+    groups = flag_groups(manager)
+    args = parse_args(argv, groups)
     from launcher.agent.cgroups import warm_up
     from launcher.agent.watchdog import Watchdog
 
@@ -99,11 +102,10 @@ def run(argv: Sequence[str]) -> int:
     watchdog = Watchdog(own_process=True)
     watchdog.spawn()
     try:
-        manager = get_plugin_manager(autoload=autoload)
         from launcher.clusters.apply import apply_cluster
 
         apply_cluster(args, manager)  # fills only the flags the command line left out
-        command_line = config_from_args(args, manager)
+        command_line = config_from_args(args, manager, groups=groups)
         from launcher.plan import build_plan
 
         plan = build_plan(command_line.config, manager, command_line.entrypoint(),

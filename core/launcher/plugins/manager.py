@@ -32,7 +32,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pluggy
 
@@ -55,6 +55,9 @@ from launcher.plugins.types import (
     Registration,
     RendezvousBackend,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.flags import FlagGroup
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -347,6 +350,23 @@ class LauncherPluginManager(pluggy.PluginManager):
             for name in foreign.registration.names:
                 found.setdefault(name, foreign)
         return found
+
+    def flag_groups(self) -> list[FlagGroup[Any]]:
+        """Every loaded plugin's flag groups (``launcher_flag_groups``), in registration order.
+
+        Anything else than a :class:`~launcher.flags.FlagGroup` is a :class:`TypeError`; two groups
+        with one name or one flag are refused when the parser is built.
+        """
+        from launcher.flags import FlagGroup
+
+        groups: list[FlagGroup[Any]] = []
+        # pluggy calls the newest implementation first: read them in registration order.
+        for result in reversed(self.hook.launcher_flag_groups()):
+            for group in [result] if isinstance(result, FlagGroup) else list(result or ()):
+                if not isinstance(group, FlagGroup):
+                    raise TypeError(f"launcher_flag_groups returned {group!r}; expected launcher.flags.FlagGroup")
+                groups.append(group)
+        return groups
 
     # -- lookup --------------------------------------------------------------------------------
 
