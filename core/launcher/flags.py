@@ -77,9 +77,11 @@ class Flag:
     underscore: bool = True
     #: On/off, no value (``--standalone``).
     switch: bool = False
-    #: ``PET_<DEST>`` supplies the value when the flag is not given; for a switch, an empty
-    #: variable means off (Kubeflow sets ``PET_STANDALONE=""``).
-    env: bool = True
+    #: The environment variable that supplies the value when the flag is not given: ``True``
+    #: for ``PET_<DEST>`` (torchrun's rule), a name for another (a plugin's own prefix),
+    #: ``False`` for none. For a switch, an empty variable means off (Kubeflow sets
+    #: ``PET_STANDALONE=""``).
+    env: bool | str = True
     choices: tuple[str, ...] | None = None
     #: torchrun's own flag: a prefix of it stands for it (as in torchrun), and ``--help`` lists
     #: it before the group's other flags. Every other flag must be spelled out in full.
@@ -95,9 +97,11 @@ class Flag:
         return self.name[2:].replace("-", "_")
 
     @property
-    def env_name(self) -> str:
-        """The ``PET_*`` variable that stands in for the flag."""
-        return env_name(self.dest)
+    def variable(self) -> str | None:
+        """The environment variable that stands in for the flag (``PET_HANG_TIMEOUT``), if any."""
+        if isinstance(self.env, str):
+            return self.env
+        return env_name(self.dest) if self.env else None
 
     @property
     def option_strings(self) -> list[str]:
@@ -149,6 +153,7 @@ class FlagValues:
                  environ: Mapping[str, str] | None = None) -> None:
         self._args = args
         self._groups = {group.name: group for group in groups}
+        self._variables = {flag.dest: flag.variable for group in groups for flag in group.flags}
         self._settings: dict[str, Any] = {}
         self._reading: list[str] = []
         #: The plugin manager, for a value that names a plugin (``--nproc-per-node cuda``).
@@ -170,8 +175,9 @@ class FlagValues:
 
     def source(self, dest: str) -> str:
         """How the user gave ``dest``, for messages: ``--flag``, or ``PET_FLAG`` when it came from there."""
-        if not self.given(dest) and env_name(dest) in self.environ:
-            return env_name(dest)
+        variable = self._variables.get(dest, env_name(dest))
+        if not self.given(dest) and variable is not None and variable in self.environ:
+            return variable
         return "--" + dest.replace("_", "-")
 
     def settings(self, name: str) -> Any:
@@ -199,10 +205,11 @@ def read_groups(args: argparse.Namespace, groups: Sequence[FlagGroup[Any]],
 
 
 class _EnvDefault(argparse.Action):
-    """A value flag whose default comes from ``PET_<DEST>`` when that variable is set."""
+    """A value flag whose default comes from ``variable`` (``PET_<DEST>``) when that variable is set."""
 
-    def __init__(self, dest: str, default: Any = None, required: bool = False, **kwargs: Any) -> None:
-        env_value = os.environ.get(env_name(dest))
+    def __init__(self, dest: str, default: Any = None, required: bool = False, *, variable: str | None = None,
+                 **kwargs: Any) -> None:
+        env_value = os.environ.get(variable or env_name(dest))
         if env_value is not None:
             default = env_value
         super().__init__(dest=dest, default=default, required=required, **kwargs)
@@ -216,7 +223,8 @@ class _EnvDefault(argparse.Action):
 class _Store(_EnvDefault):
     """A value flag without a ``PET_*`` fallback (torchrun reads none for it)."""
 
-    def __init__(self, dest: str, default: Any = None, required: bool = False, **kwargs: Any) -> None:
+    def __init__(self, dest: str, default: Any = None, required: bool = False, *, variable: str | None = None,
+                 **kwargs: Any) -> None:
         argparse.Action.__init__(self, dest=dest, default=default, required=required, **kwargs)
 
 
@@ -226,10 +234,11 @@ class _EnvSwitch(argparse.Action):
     Unlike torchrun, an empty variable (as Kubeflow sets ``PET_STANDALONE=""``) means off.
     """
 
-    def __init__(self, dest: str, default: bool = False, **kwargs: Any) -> None:
-        env_value = os.environ.get(env_name(dest))
+    def __init__(self, dest: str, default: bool = False, *, variable: str | None = None, **kwargs: Any) -> None:
+        variable = variable or env_name(dest)
+        env_value = os.environ.get(variable)
         if env_value is not None:
-            default = switch_value(env_name(dest), env_value)
+            default = switch_value(variable, env_value)
         super().__init__(dest=dest, default=default, nargs=0, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
@@ -346,7 +355,8 @@ def build_parser(groups: Sequence[FlagGroup[Any]], *, description: str, version:
         section = parser.add_argument_group(group.title, group.description)
         # sorted() is stable: torchrun's flags first, each part in the group's declared order.
         for flag in sorted(group.flags, key=lambda flag: not flag.torchrun):
-            kwargs: dict[str, Any] = {"action": _action(flag), "dest": flag.dest, "help": flag.help}
+            kwargs: dict[str, Any] = {"action": _action(flag), "dest": flag.dest, "help": flag.help,
+                                      "variable": flag.variable}
             if not flag.switch:
                 kwargs["default"] = flag.default
                 if flag.choices is not None:
