@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import UsageError
-from launcher.flags import USAGE_LINE, FlagGroup, _Parser, switch_value
+from launcher.flags import USAGE_LINE, FlagGroup, _Parser, check_groups, switch_value
 from launcher.flags import build_parser as _build_parser
 from launcher.values import quote
 
@@ -46,7 +46,14 @@ def flag_groups(manager: LauncherPluginManager | None = None) -> tuple[FlagGroup
     """The core's groups, then every loaded plugin's (``launcher_flag_groups``), collected the same way."""
     if manager is None:
         return core_groups()
-    return (*core_groups(), *manager.flag_groups())
+    groups = (*core_groups(), *manager.flag_groups())
+    try:
+        check_groups(groups)
+    except ValueError as exc:  # a plugin's flag clashes with one of ours or another plugin's
+        from launcher.plugins.errors import PluginConflictError
+
+        raise PluginConflictError(f"{exc}: uninstall one, or block one with LAUNCHER_BLOCK_PLUGINS") from None
+    return groups
 
 
 def check_environment(environ: Mapping[str, str]) -> bool:

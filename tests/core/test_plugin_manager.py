@@ -415,5 +415,15 @@ def test_flag_groups_are_collected():
             yield "--not-a-group"
 
     manager.register_plugin(Wrong())
-    with pytest.raises(TypeError, match="expected launcher.flags.FlagGroup"):
+    with pytest.raises(InvalidPluginError, match="returned '--not-a-group' from launcher_flag_groups"):
         manager.flag_groups()
+
+    class Clash:
+        @hookimpl
+        def launcher_flag_groups(self):
+            yield FlagGroup(name="mine", title="mine", flags=(Flag("--hang-timeout", help=""),), read=lambda v: 0)
+
+    clashing = get_plugin_manager(load_entrypoints=False)
+    clashing.register_plugin(Clash())
+    with pytest.raises(PluginConflictError, match="--hang-timeout is declared by the flag groups 'hangs' and 'mine'"):
+        flag_groups(clashing)

@@ -354,17 +354,22 @@ class LauncherPluginManager(pluggy.PluginManager):
     def flag_groups(self) -> list[FlagGroup[Any]]:
         """Every loaded plugin's flag groups (``launcher_flag_groups``), in registration order.
 
-        Anything else than a :class:`~launcher.flags.FlagGroup` is a :class:`TypeError`; two groups
-        with one name or one flag are refused when the parser is built.
+        Each implementation is called once, directly, so that a wrong result names its plugin
+        (an :class:`InvalidPluginError`, one line); hook wrappers do not apply to this hook.
         """
         from launcher.flags import FlagGroup
 
         groups: list[FlagGroup[Any]] = []
-        # pluggy calls the newest implementation first: read them in registration order.
-        for result in reversed(self.hook.launcher_flag_groups()):
+        for impl in self.hook.launcher_flag_groups.get_hookimpls():  # registration order
+            if impl.hookwrapper or getattr(impl, "wrapper", False):
+                continue
+            result = impl.function()
             for group in [result] if isinstance(result, FlagGroup) else list(result or ()):
                 if not isinstance(group, FlagGroup):
-                    raise TypeError(f"launcher_flag_groups returned {group!r}; expected launcher.flags.FlagGroup")
+                    raise InvalidPluginError(
+                        f"plugin {self._info(impl.plugin_name).describe()} returned {group!r} from "
+                        "launcher_flag_groups; expected launcher.flags.FlagGroup objects"
+                    )
                 groups.append(group)
         return groups
 
