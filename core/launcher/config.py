@@ -13,14 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.agent.preload_settings import parse_preload
 from launcher.agent.settings import (
     DEFAULT_SHUTDOWN_TIMEOUT,
     MAX_MONITOR_INTERVAL,
+    WorkerSettings,
     check_role,
     check_start_method,
-    WorkerSettings,
     check_worker_tty,
+    parse_preload,
     signal_numbers,
 )
 from launcher.devices.settings import NumaSettings, check_numa_fallback

@@ -12,14 +12,14 @@ This module knows no capability: the core's groups are listed in :mod:`launcher.
 plugin's come from its ``launcher_flag_groups`` hook.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile each of Flag's
+# annotation strings at import, which every launch pays. Forward references are quoted.
 
 import argparse
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, NoReturn, TypeVar
 
 from launcher.errors import UsageError
 from launcher.values import one_line, quote
@@ -59,12 +59,13 @@ def switch_value(variable: str, value: str) -> bool:
     raise UsageError(f"{variable}={quote(value)} is not a switch value: use 1 or 0 (empty means off)")
 
 
-@dataclass(frozen=True)
-class Flag:
+class Flag(NamedTuple):
     """One command-line flag: its spellings, its default, its ``PET_*`` fallback and its help.
 
     ``default`` is text, as a user would type it (``None``: unset); the group's ``read`` parses it
-    like any given value. A ``switch`` takes no value and is ``False`` unless given.
+    like any given value. A ``switch`` takes no value and is ``False`` unless given. (A named
+    tuple, like the settings objects: a dataclass costs every launch about a millisecond to
+    create, and every launch declares every flag.)
     """
 
     #: The long spelling, ``--hang-timeout``.
@@ -86,10 +87,6 @@ class Flag:
     #: torchrun's own flag: a prefix of it stands for it (as in torchrun), and ``--help`` lists
     #: it before the group's other flags. Every other flag must be spelled out in full.
     torchrun: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.name.startswith("--") or len(self.name) < 4:
-            raise ValueError(f"flag name {self.name!r} must be a long flag like --hang-timeout")
 
     @property
     def dest(self) -> str:
@@ -113,7 +110,6 @@ class Flag:
         return spelled
 
 
-@dataclass(frozen=True)
 class FlagGroup(Generic[S]):
     """A capability's flags and the reader that turns them into its settings object.
 
@@ -123,13 +119,20 @@ class FlagGroup(Generic[S]):
     worker count).
     """
 
-    #: The settings object's key: ``settings["hangs"]``. Unique among all groups.
-    name: str
-    #: The heading in ``--help``.
-    title: str
-    flags: tuple[Flag, ...]
-    read: Callable[[FlagValues], S]
-    description: str | None = None
+    __slots__ = ("description", "flags", "name", "read", "title")
+
+    def __init__(self, name: str, title: str, flags: Sequence[Flag], read: "Callable[[FlagValues], S]",
+                 description: str | None = None) -> None:
+        #: The settings object's key: ``settings["hangs"]``. Unique among all groups.
+        self.name = name
+        #: The heading in ``--help``.
+        self.title = title
+        self.flags = tuple(flags)
+        self.read = read
+        self.description = description
+
+    def __repr__(self) -> str:
+        return f"FlagGroup({self.name!r}, flags={[flag.name for flag in self.flags]})"
 
 
 def env_name(dest: str) -> str:
@@ -148,8 +151,8 @@ def _given_on_command_line(namespace: argparse.Namespace) -> set[str]:
 class FlagValues:
     """What a group's ``read`` gets: each flag's raw value, where it came from, and other groups' settings."""
 
-    def __init__(self, args: argparse.Namespace, groups: Sequence[FlagGroup[Any]],
-                 manager: LauncherPluginManager | None = None,
+    def __init__(self, args: argparse.Namespace, groups: "Sequence[FlagGroup[Any]]",
+                 manager: "LauncherPluginManager | None" = None,
                  environ: Mapping[str, str] | None = None) -> None:
         self._args = args
         self._groups = {group.name: group for group in groups}
@@ -193,8 +196,8 @@ class FlagValues:
         return self._settings[name]
 
 
-def read_groups(args: argparse.Namespace, groups: Sequence[FlagGroup[Any]],
-                manager: LauncherPluginManager | None = None,
+def read_groups(args: argparse.Namespace, groups: "Sequence[FlagGroup[Any]]",
+                manager: "LauncherPluginManager | None" = None,
                 environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Every group's settings object, by group name, read in the groups' order."""
     values = FlagValues(args, groups, manager, environ)
@@ -327,7 +330,10 @@ def _action(flag: Flag) -> type[argparse.Action]:
 
 
 def check_groups(groups: Iterable[FlagGroup[Any]]) -> None:
-    """Group names and flag spellings are each used once (a plugin's included); ``ValueError`` otherwise."""
+    """Flags are long flags, group names and flag spellings each used once (a plugin's included).
+
+    Raises ``ValueError`` otherwise.
+    """
     names: set[str] = set()
     spellings: dict[str, str] = {}
     for group in groups:
@@ -335,6 +341,8 @@ def check_groups(groups: Iterable[FlagGroup[Any]]) -> None:
             raise ValueError(f"two flag groups are named {group.name!r}")
         names.add(group.name)
         for flag in group.flags:
+            if not flag.name.startswith("--") or len(flag.name) < 4 or flag.name.startswith("---"):
+                raise ValueError(f"flag group {group.name!r}: {flag.name!r} is not a long flag like --hang-timeout")
             for spelling in flag.option_strings:
                 if spelling in spellings:
                     raise ValueError(f"{spelling} is declared by the flag groups {spellings[spelling]!r} "

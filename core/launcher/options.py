@@ -30,8 +30,8 @@ DESCRIPTION = ("Start a distributed PyTorch job: a drop-in replacement for torch
 
 def core_groups() -> tuple[FlagGroup[Any], ...]:
     """The core's flag groups, in the order of torchrun's first flag in each (``--help`` shows them so)."""
-    from launcher.agent import preload_settings, settings as workers
-    from launcher.clusters import settings as clusters
+    from launcher.agent import settings as workers
+    from launcher.clusters import apply as clusters
     from launcher.devices import settings as numa
     from launcher.events import settings as events
     from launcher.hangs import settings as hangs
@@ -39,7 +39,7 @@ def core_groups() -> tuple[FlagGroup[Any], ...]:
     from launcher.rendezvous import settings as rendezvous
 
     return (rendezvous.FLAGS, workers.FLAGS, events.FLAGS, logs.FLAGS, numa.FLAGS, hangs.FLAGS,
-            preload_settings.FLAGS, clusters.FLAGS)
+            workers.PRELOAD_FLAGS, clusters.FLAGS)
 
 
 def flag_groups(manager: LauncherPluginManager | None = None) -> tuple[FlagGroup[Any], ...]:

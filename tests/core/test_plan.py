@@ -259,7 +259,7 @@ def test_the_config_only_reads_values():
     command line's reader only, through the plugin manager it is given).
     """
     imported = _imported(CORE / "launcher" / "config.py")
-    settings = {m for m in imported if m.endswith(".settings") or m.endswith(".preload_settings")}
+    settings = {m for m in imported if m.endswith(".settings")}
     assert len(settings) >= 5
     plugin_parts = ("launcher.plugins", "launcher.rendezvous", "launcher.devices")
     assert not {m for m in imported - settings if m.startswith(plugin_parts)}

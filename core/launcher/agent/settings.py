@@ -1,20 +1,24 @@
-"""The workers' flags: how many, what they run, how they start, restart and stop.
+"""The workers' flags: how many, what they run, how they start, restart and stop; and ``--preload``.
 
 Declared, parsed and checked here (:data:`FLAGS`); :func:`read_workers` gives one
-:class:`WorkerSettings`, the workers' command included. The checks the Python API's
+:class:`WorkerSettings`, the workers' command included. ``--preload`` (workers forked from a
+template that imported modules once) is a group of its own, :data:`PRELOAD_FLAGS`, declared here
+rather than beside its machinery (:mod:`launcher.agent.preload`), which only a preloading launch
+imports; one module fewer is also a little less start-up for every launch. The checks the Python API's
 :class:`~launcher.config.LaunchConfig` shares (:func:`check_start_method`, :func:`check_role`,
 :func:`check_worker_tty`, :func:`signal_numbers`) live here too, so a value is refused the same
 way whichever way it came.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile every field's
+# annotation string at import, which every launch pays.
 
+import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from launcher.errors import UsageError
 from launcher.flags import Flag, FlagGroup, FlagValues
@@ -27,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "FLAGS",
+    "PRELOAD_FLAGS",
+    "PreloadSettings",
     "MAX_MONITOR_INTERVAL",
     "START_METHODS",
     "WORKER_TTY_MODES",
@@ -34,10 +40,14 @@ __all__ = [
     "check_role",
     "check_start_method",
     "check_worker_tty",
+    "parse_preload",
+    "read_preload",
     "read_workers",
     "resolve_nproc",
     "signal_numbers",
 ]
+
+log = logging.getLogger("launcher.agent")
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 #: Longest --monitor-interval: one hour between membership checks is already too slow to be useful.
@@ -46,13 +56,12 @@ START_METHODS = ("spawn", "fork", "forkserver")
 WORKER_TTY_MODES = ("auto", "always", "never")
 
 
-@dataclass(frozen=True)
-class WorkerSettings:
+class WorkerSettings(NamedTuple):
     """The worker flags, checked, and the command every worker runs."""
 
     nproc_per_node: int
     #: The provider that counted ``--nproc-per-node`` when it named a device kind.
-    device_provider: DeviceProvider | None
+    device_provider: "DeviceProvider | None"
     #: argv of the worker command; empty for ``--run-path``.
     command: tuple[str, ...]
     #: For ``--run-path``: the script run in-process with runpy, and its arguments.
@@ -115,8 +124,8 @@ def signal_numbers(names: Sequence[str]) -> list[int]:
     return numbers
 
 
-def resolve_nproc(value: str, manager: LauncherPluginManager | None,
-                  name: str = "--nproc-per-node") -> tuple[int, DeviceProvider | None]:
+def resolve_nproc(value: str, manager: "LauncherPluginManager | None",
+                  name: str = "--nproc-per-node") -> "tuple[int, DeviceProvider | None]":
     """An integer from 1 to :data:`~launcher.values.MAX_NPROC`, or a device kind counted by its provider."""
     # A device kind's name starts with a letter ("cuda", "gaudi2"); anything else ("1e3", "-2",
     # "٣", "²", "1_0", "+2", " 2", "") is a count, read as plain ASCII decimal like every number.
@@ -243,5 +252,57 @@ FLAGS: FlagGroup[WorkerSettings] = FlagGroup(
         Flag("--worker-tty", default="auto",
              help="Give workers pseudo-terminals (progress bars, colours): auto when the launcher's own "
              "output is a terminal, always, or never (pipes, as before; default auto)."),
+    ),
+)
+
+
+# -- --preload: its own group (its machinery, launcher.agent.preload, is imported only when used) --
+
+
+class PreloadSettings(NamedTuple):
+    """The modules to preload, each once, in order (empty: workers start normally)."""
+
+    modules: tuple[str, ...] = ()
+
+
+def parse_preload(value: str | Iterable[str] | None, name: str = "--preload") -> tuple[str, ...]:
+    """``torch,numpy`` (or a sequence of names) as a tuple of module names; a one-line error otherwise."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    modules: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise UsageError(f"{name}: module names must be strings, got {quote(item)}")
+        module = item.strip()
+        if not module:
+            continue
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise UsageError(f"{name} {quote(module)} is not a module name: use dotted names like torch or torch.nn")
+        if module not in modules:
+            modules.append(module)
+    return tuple(modules)
+
+
+def read_preload(values: FlagValues) -> PreloadSettings:
+    """``--preload``, checked; none, said once, when the workers are not Python (``--no-python``)."""
+    name = values.source("preload")
+    modules = parse_preload(values["preload"], name)
+    if modules and values["no_python"]:
+        log.warning("%s does not apply with --no-python (the program is not started by Python): "
+                    "starting workers normally", name)
+        return PreloadSettings()
+    return PreloadSettings(modules)
+
+
+PRELOAD_FLAGS: FlagGroup[PreloadSettings] = FlagGroup(
+    name="preload",
+    title="preloading",
+    read=read_preload,
+    flags=(
+        Flag("--preload", default="", underscore=False,
+             help="Comma list of modules ('torch', ...) that a template process imports once per node; every "
+             "worker, at each start and restart, is forked from it instead of importing them again "
+             "(default: none)."),
     ),
 )

@@ -6,10 +6,10 @@ the light ``launcher.devices`` package, not in :mod:`launcher.numa`, whose impor
 topology code: every launch imports the flags, only a NUMA-bound one needs that.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile every field's
+# annotation string at import, which every launch pays.
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from launcher.errors import UsageError
 from launcher.flags import Flag, FlagGroup, FlagValues
@@ -20,8 +20,7 @@ __all__ = ["FLAGS", "NUMA_FALLBACKS", "NumaSettings", "check_numa_fallback", "re
 NUMA_FALLBACKS = ("warn", "error")
 
 
-@dataclass(frozen=True)
-class NumaSettings:
+class NumaSettings(NamedTuple):
     """The NUMA strategy's name (``None``: workers run unbound) and what to do when it cannot apply."""
 
     binding: str | None = None

@@ -4,9 +4,10 @@ Declared, parsed and checked here (:data:`FLAGS`); :func:`read_events` gives one
 :class:`EventSettings`. The names are resolved to plugins when the plan is built.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile every field's
+# annotation string at import, which every launch pays.
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from launcher.errors import UsageError
 from launcher.flags import Flag, FlagGroup, FlagValues
@@ -15,8 +16,7 @@ from launcher.values import quote
 __all__ = ["FLAGS", "EventSettings", "parse_handler_list", "read_events"]
 
 
-@dataclass(frozen=True)
-class EventSettings:
+class EventSettings(NamedTuple):
     """The event sinks' names, in the order given."""
 
     handlers: tuple[str, ...] = ("null",)

@@ -5,10 +5,10 @@
 the same parsers.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile every field's
+# annotation string at import, which every launch pays.
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from launcher.errors import UsageError
 from launcher.flags import Flag, FlagGroup, FlagValues
@@ -20,8 +20,7 @@ __all__ = ["FLAGS", "WATCH_MODES", "HangSettings", "parse_hang_timeout", "parse_
 WATCH_MODES = ("heartbeat", "output")
 
 
-@dataclass(frozen=True)
-class HangSettings:
+class HangSettings(NamedTuple):
     """Hang detection: off when ``timeout`` is ``None``."""
 
     #: Seconds a rank may go without progress before it is hung.

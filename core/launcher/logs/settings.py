@@ -5,10 +5,11 @@ Declared, parsed and checked here (:data:`FLAGS`); :func:`read_logs` gives one
 :class:`~launcher.config.LaunchConfig`, which checks its fields with them.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile every field's
+# annotation string at import, which every launch pays.
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from launcher.errors import UsageError
 from launcher.flags import Flag, FlagGroup, FlagValues
@@ -35,8 +36,7 @@ STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 StdSpec = int | dict[int, int]
 
 
-@dataclass(frozen=True)
-class LogSettings:
+class LogSettings(NamedTuple):
     """The log flags, checked (local ranks against this node's worker count)."""
 
     log_dir: str | None

@@ -363,8 +363,10 @@ class LauncherPluginManager(pluggy.PluginManager):
         for impl in self.hook.launcher_flag_groups.get_hookimpls():  # registration order
             if impl.hookwrapper or getattr(impl, "wrapper", False):
                 continue
-            result = impl.function()
-            for group in [result] if isinstance(result, FlagGroup) else list(result or ()):
+            result: Any = impl.function()
+            if isinstance(result, FlagGroup) or not hasattr(result, "__iter__"):
+                result = [result] if result is not None else []
+            for group in result:
                 if not isinstance(group, FlagGroup):
                     raise InvalidPluginError(
                         f"plugin {self._info(impl.plugin_name).describe()} returned {group!r} from "

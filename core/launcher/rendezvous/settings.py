@@ -6,12 +6,13 @@ Declared, parsed and checked here (:data:`FLAGS`); :func:`read_rendezvous` gives
 backend, an endpoint and its ``--rdzv-conf``.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile every field's
+# annotation string at import, which every launch pays.
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from launcher.errors import UsageError
 from launcher.flags import Flag, FlagGroup, FlagValues
@@ -31,8 +32,7 @@ __all__ = [
 DEFAULT_MASTER_PORT = 29500
 
 
-@dataclass(frozen=True)
-class RendezvousSettings:
+class RendezvousSettings(NamedTuple):
     """Where and how this node meets the others, checked."""
 
     min_nodes: int
@@ -41,7 +41,7 @@ class RendezvousSettings:
     endpoint: str
     run_id: str
     #: ``--rdzv-conf``, with the static backend's ``rank`` added.
-    configs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    configs: Mapping[str, str] = MappingProxyType({})
     #: ``--local-addr``: how other nodes reach this one (``None``: the backend's guess).
     local_addr: str | None = None
     standalone: bool = False

@@ -9,7 +9,7 @@ machine (``ps``). Light to import: every launch with this plugin installed reads
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from launcher.errors import UsageError
 from launcher.flags import Flag, FlagGroup, FlagValues
@@ -21,8 +21,7 @@ __all__ = ["FLAGS", "WebhookOptions", "check_url", "read_webhook", "redact"]
 MAX_COUNT = 1_000_000
 
 
-@dataclass(frozen=True)
-class WebhookOptions:
+class WebhookOptions(NamedTuple):
     """What the webhook flags (or their variables) say; ``url`` is ``None`` when neither gives one."""
 
     url: str | None = None
@@ -67,20 +66,24 @@ def read_webhook(values: FlagValues) -> WebhookOptions:
     url = values["webhook_url"]
     url = url.strip() if url is not None and url.strip() else None
 
-    def seconds(dest: str, default: float, *, zero: bool = True) -> float:
-        return parse_seconds(values[dest] or default, values.source(dest), MAX_SECONDS, zero=zero)
+    defaults = WebhookOptions._field_defaults  # an unset or empty value means the default
 
-    def count(dest: str, default: int, low: int) -> int:
-        return parse_int(values[dest] or str(default), values.source(dest), low, MAX_COUNT)
+    def seconds(field: str, *, zero: bool = True) -> float:
+        dest = f"webhook_{field}"
+        return parse_seconds(values[dest] or defaults[field], values.source(dest), MAX_SECONDS, zero=zero)
+
+    def count(field: str, low: int) -> int:
+        dest = f"webhook_{field}"
+        return parse_int(values[dest] or str(defaults[field]), values.source(dest), low, MAX_COUNT)
 
     return WebhookOptions(
         url=None if url is None else check_url(url, values.source("webhook_url")),
-        timeout=seconds("webhook_timeout", WebhookOptions.timeout, zero=False),
-        batch_size=count("webhook_batch_size", WebhookOptions.batch_size, 1),
-        max_queue=count("webhook_max_queue", WebhookOptions.max_queue, 1),
-        retries=count("webhook_retries", WebhookOptions.retries, 0),
-        backoff=seconds("webhook_backoff", WebhookOptions.backoff),
-        close_timeout=seconds("webhook_close_timeout", WebhookOptions.close_timeout),
+        timeout=seconds("timeout", zero=False),
+        batch_size=count("batch_size", 1),
+        max_queue=count("max_queue", 1),
+        retries=count("retries", 0),
+        backoff=seconds("backoff"),
+        close_timeout=seconds("close_timeout"),
     )
 
 
