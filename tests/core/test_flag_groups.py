@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -180,3 +181,29 @@ def test_groups_read_in_order_and_on_demand():
     loop = [_group("a", read=reader("a", needs="b")), _group("b", read=reader("b", needs="a"))]
     with pytest.raises(RuntimeError, match="a -> b -> a"):
         read_groups(_parse(loop, []), loop)
+
+
+def test_the_architecture_guides_example_group_works(tmp_path, monkeypatch):
+    """docs/architecture.md's "Adding a flag" example, run: help, parse, read, a bad value's line."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    section = text.split("## Adding a flag", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    namespace: dict[str, Any] = {"__name__": "stragglers_example"}
+    exec(compile(code, "architecture.md", "exec"), namespace)
+    groups = [*core_groups(), namespace["FLAGS"]]
+    parser = build_parser(groups, description="", version="")
+    assert "--straggler-factor STRAGGLER_FACTOR, --straggler_factor STRAGGLER_FACTOR" in parser.format_help()
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+
+    def read(*argv: str) -> Any:
+        return read_groups(parser.parse_args([*argv, str(script)]), groups)["stragglers"]
+
+    assert read() == namespace["StragglerSettings"](None, 60.0)
+    assert read("--nproc-per-node", "4", "--straggler_factor", "2.5") == (2.5, 60.0)
+    with pytest.raises(UsageError, match=r"^--straggler-factor '3' needs two workers or more$"):
+        read("--straggler-factor", "3")
+    monkeypatch.setenv("PET_STRAGGLER_FACTOR", "0.5")
+    parser = build_parser(groups, description="", version="")  # defaults are read when it is built
+    with pytest.raises(UsageError, match=r"^PET_STRAGGLER_FACTOR must be a number above 1 and at most 100, got '0.5'$"):
+        read("--nproc-per-node", "4")
