@@ -1,4 +1,7 @@
-"""The validated description of a launch: :class:`LaunchConfig` and the readers of its values.
+"""The validated description of a launch: :class:`LaunchConfig`.
+
+Each value is read and checked by the settings module of the capability whose flag it is (its
+flag group: :mod:`launcher.flags`); those readers are named here too, where they always were.
 
 :class:`LaunchConfig` is both the Python API's input and what the CLI builds from its flags
 (:mod:`launcher.command_line`), so the two paths validate values the same way. This module checks
