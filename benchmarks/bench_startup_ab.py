@@ -31,7 +31,10 @@ NOOP = "import sys, time\nopen(sys.argv[1], 'w').write(repr(time.time()))\n"
 
 
 def _env(core: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
+    # Bytecode written and then used, as in any installed launcher: a PYTHONDONTWRITEBYTECODE left
+    # in the environment would compile every module of every run and measure the compiler.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_")) and k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=str(core), OMP_NUM_THREADS="1")
     return env
 
