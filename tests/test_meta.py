@@ -60,9 +60,14 @@ def _entry_points(pyproject: str) -> dict[str, str]:
     return dict(re.findall(r'^([\w.-]+)\s*=\s*"([^"]+)"', table.group(1), re.MULTILINE))
 
 
+#: Hooks that register no named kind: a plugin's command-line flags (tested by test_flag_groups_hook_is_documented).
+NOT_KINDS = {"launcher_flag_groups"}
+
+
 def test_every_hook_has_a_kind() -> None:
     hooks = {name for name in vars(LauncherSpecs) if name.startswith("launcher_")}
-    assert hooks == {cls.hook for cls in REGISTRATION_CLASSES}
+    assert hooks - NOT_KINDS == {cls.hook for cls in REGISTRATION_CLASSES}
+    assert hooks >= NOT_KINDS
     assert len(CLASS_OF_KIND) == len(REGISTRATION_CLASSES)  # one class per kind name
 
 
@@ -118,3 +123,16 @@ def test_kind_is_documented_with_a_complete_example(kind: str) -> None:
     assert module in declared, f"{module} is not an entry point of the guide's distribution"
     suite = conformance_suites()[kind]
     assert suite.__name__ in section, f"the {hook} section does not say how to test with {suite.__name__}"
+
+
+def test_flag_groups_hook_is_documented() -> None:
+    """docs/plugins.md has a section for launcher_flag_groups with an installed, complete example."""
+    text = GUIDE.read_text()
+    [section] = [body for heading, body in _sections(text).items() if "`launcher_flag_groups`" in heading]
+    examples = {path: code for path, code in _files(section).items()
+                if path.endswith(".py") and re.search(r"@hookimpl\s*\ndef launcher_flag_groups\(", code)}
+    [(path, code)] = examples.items()
+    compile(code, path, "exec")
+    assert "FlagGroup(" in code and "Flag(" in code and "UsageError" in code
+    pyprojects = [code for name, code in _files(text).items() if name == "pyproject.toml"]
+    assert path[: -len(".py")].replace("/", ".") in _entry_points(pyprojects[0]).values()

@@ -20,6 +20,7 @@ from launcher.errors import LaunchError, UsageError
 from launcher.values import one_line, quote
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from launcher.agent.watchdog import Watchdog
     from launcher.failures.report import FailureReport
 
 log = logging.getLogger("launcher")
@@ -70,6 +71,17 @@ def write_root_cause(report: FailureReport, path: str) -> None:
         log.warning("cannot write the error file %s: %s", path, exc)
 
 
+def _spawn_watchdog() -> Watchdog:
+    """The job's watchdog, its process started now (see :meth:`~launcher.agent.watchdog.Watchdog.spawn`)."""
+    from launcher.agent.cgroups import warm_up
+    from launcher.agent.watchdog import Watchdog
+
+    warm_up()  # the kernel's wait before the agent can move into the job's cgroup, paid meanwhile
+    watchdog = Watchdog(own_process=True)
+    watchdog.spawn()
+    return watchdog
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the command line ``argv`` (without the program name); the exit status.
 
@@ -80,7 +92,7 @@ def run(argv: Sequence[str]) -> int:
     is ended at once.
     """
     from launcher.command_line import config_from_args
-    from launcher.options import check_environment, parse_args
+    from launcher.options import check_environment, flag_groups, parse_args
     from launcher.plugins.manager import get_plugin_manager
 
     autoload = check_environment(os.environ)
@@ -90,20 +102,22 @@ def run(argv: Sequence[str]) -> int:
         from launcher.hangs.ondemand import stacks_command
 
         return stacks_command(argv[1:])
-    args = parse_args(argv)
-    from launcher.agent.cgroups import warm_up
-    from launcher.agent.watchdog import Watchdog
-
-    warm_up()  # the kernel's wait before the agent can move into the job's cgroup, paid meanwhile
-    # The watchdog's interpreter boots meanwhile too, on the core the plan leaves idle.
-    watchdog = Watchdog(own_process=True)
-    watchdog.spawn()
+    # The watchdog's interpreter boots on the core the agent leaves idle while it loads the
+    # plugins (which may add flags, so they come before the command line is read) and builds its
+    # plan. Not for --help or --version, which start nothing.
+    watchdog: Watchdog | None = None
     try:
+        if not any(arg in ("-h", "--help", "--version") for arg in argv):
+            watchdog = _spawn_watchdog()
         manager = get_plugin_manager(autoload=autoload)
+        groups = flag_groups(manager)
+        args = parse_args(argv, groups)
+        if watchdog is None:  # "--help" was only a script's argument: the usual start after all
+            watchdog = _spawn_watchdog()
         from launcher.clusters.apply import apply_cluster
 
         apply_cluster(args, manager)  # fills only the flags the command line left out
-        command_line = config_from_args(args, manager)
+        command_line = config_from_args(args, manager, groups=groups)
         from launcher.plan import build_plan
 
         plan = build_plan(command_line.config, manager, command_line.entrypoint(),
@@ -113,7 +127,8 @@ def run(argv: Sequence[str]) -> int:
         # The agent may contain its job in this process's cgroup; it starts and stops the watchdog.
         result = Agent(plan, own_process=True, watchdog=watchdog).run()
     finally:
-        watchdog.dismiss()  # only if the agent never started it (refused input): nothing to watch
+        if watchdog is not None:
+            watchdog.dismiss()  # only if the agent never started it (refused input): nothing to watch
     if result.report is not None:
         sys.stderr.write(result.report.render().rstrip("\n") + "\n")
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):

@@ -29,7 +29,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import UsageError
 from launcher.values import quote
@@ -153,6 +153,8 @@ class LaunchPlan:
     device_provider: DeviceProvider | None
     #: The health checks before each round (launcher.health); ``None``: ``--health-checks none``.
     health: HealthPlan | None = None
+    #: Every flag group's settings object by group name, a plugin's included (read-only).
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def build_plan(
@@ -211,20 +213,10 @@ def build_plan(
         logs_specs=logs_specs,
         log_dir=config.log_dir,
         events=_events_plan(config, manager, node, event_handlers),
-        hangs=HangPlan(config.hang_timeout, config.hang_watch == "output") if config.hang_timeout else None,
+        hangs=HangPlan(config.hangs.timeout, config.hangs.watch_output) if config.hangs.timeout else None,
         device_provider=device_provider,
-        health=_health_plan(config, manager, entry, base_env, node, device_provider),
+        settings=MappingProxyType(dict(config.settings)),
     )
-
-
-def _health_plan(config: LaunchConfig, manager: LauncherPluginManager, entry: Entrypoint, base_env: Mapping[str, str],
-                 node: str, device_provider: DeviceProvider | None) -> HealthPlan | None:
-    from launcher.health.plan import build_health_plan
-    from launcher.health.settings import settings_of
-
-    return build_health_plan(settings_of(config), manager, node=node, entry=entry, env=base_env,
-                             log_dir=config.log_dir, preload=tuple(config.preload),
-                             nproc_per_node=config.nproc_per_node, device_provider=device_provider)
 
 
 def resolve_plugins(
@@ -243,11 +235,11 @@ def resolve_plugins(
     if isinstance(config.logs_specs, str):
         manager.get(LogsSpecsProvider, config.logs_specs)
     handlers: dict[str, EventHandler] = {}
-    for name in config.event_log_handlers:
+    for name in config.events.handlers:
         handler = manager.get(EventHandler, name)
         handlers.setdefault(handler.name, handler)
-    if config.numa_binding:
-        manager.get(NumaStrategy, config.numa_binding)
+    if config.numa.binding:
+        manager.get(NumaStrategy, config.numa.binding)
     return backend, tuple(handlers.values())
 
 
@@ -275,22 +267,23 @@ def _events_plan(config: LaunchConfig, manager: LauncherPluginManager, node: str
     from launcher.events.bus import create_event_bus
     from launcher.events.model import SinkContext
 
-    context = SinkContext(run_id=config.run_id, node=node, role=config.role)
-    names = tuple(config.event_log_handlers)
+    context = SinkContext(run_id=config.run_id, node=node, role=config.role,
+                          settings=MappingProxyType(dict(config.settings)))
+    names = config.events.handlers
     return EventsPlan(handlers, context, functools.partial(create_event_bus, names, manager, context))
 
 
 def _plan_cpus(config: LaunchConfig, provider: DeviceProvider | None, manager: LauncherPluginManager) -> CpuPlan:
-    if not config.numa_binding:
+    if not config.numa.binding:
         return None
     from launcher.numa import plan_affinity
 
     plan = plan_affinity(
-        config.numa_binding,
+        config.numa.binding,
         config.nproc_per_node,
         provider,
         manager,
-        on_failure="error" if config.numa_fallback == "error" else "warn",
+        on_failure="error" if config.numa.fallback == "error" else "warn",
     )
     if plan is None:
         return None

@@ -376,7 +376,54 @@ def test_a_wrapper_returning_a_wrong_type_is_named(plugin_manager, register_plug
 def test_every_kind_is_a_class_with_its_hook():
     from launcher.plugins.hookspec import LauncherSpecs
 
-    assert {cls.hook for cls in REGISTRATION_CLASSES} == {
+    # launcher_flag_groups adds flags, not named registrations (test_flag_groups_are_collected).
+    assert {cls.hook for cls in REGISTRATION_CLASSES} | {"launcher_flag_groups"} == {
         name for name in vars(LauncherSpecs) if name.startswith("launcher_")
     }
     assert len({cls.kind for cls in REGISTRATION_CLASSES}) == len(REGISTRATION_CLASSES)
+
+
+def test_flag_groups_are_collected():
+    from launcher.flags import Flag, FlagGroup
+    from launcher.options import flag_groups
+    from launcher.plugins import hookimpl
+
+    def group(name):
+        return FlagGroup(name=name, title=name, flags=(Flag(f"--{name}-x", help=""),), read=lambda values: name)
+
+    class First:
+        @hookimpl
+        def launcher_flag_groups(self):
+            yield group("first")
+            yield group("second")
+
+    class Single:
+        @hookimpl
+        def launcher_flag_groups(self):
+            return [group("third")]
+
+    manager = get_plugin_manager(load_entrypoints=False)
+    manager.register_plugin(First())
+    manager.register_plugin(Single())
+    assert [g.name for g in manager.flag_groups()] == ["first", "second", "third"]  # registration order
+    names = [g.name for g in flag_groups(manager)]
+    assert names[-3:] == ["first", "second", "third"] and names[0] == "rendezvous"
+
+    class Wrong:
+        @hookimpl
+        def launcher_flag_groups(self):
+            yield "--not-a-group"
+
+    manager.register_plugin(Wrong())
+    with pytest.raises(InvalidPluginError, match="returned '--not-a-group' from launcher_flag_groups"):
+        manager.flag_groups()
+
+    class Clash:
+        @hookimpl
+        def launcher_flag_groups(self):
+            yield FlagGroup(name="mine", title="mine", flags=(Flag("--hang-timeout", help=""),), read=lambda v: 0)
+
+    clashing = get_plugin_manager(load_entrypoints=False)
+    clashing.register_plugin(Clash())
+    with pytest.raises(PluginConflictError, match="--hang-timeout is declared by the flag groups 'hangs' and 'mine'"):
+        flag_groups(clashing)

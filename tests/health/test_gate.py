@@ -9,6 +9,7 @@ from launcher.config import LaunchConfig
 from launcher.failures.report import FailureReport, ReportedFailure, WorkerFailure
 from launcher.health.api import EXIT_NODE_SICK
 from launcher.health.gate import HealthGate, NodeSick
+from launcher.health.settings import health_settings
 from launcher.plan import build_plan
 from launcher.plugins.manager import get_plugin_manager
 from launcher.rendezvous.api import RendezvousParameters
@@ -18,10 +19,11 @@ from launcher.store.client import TCPStoreClient
 REASON = "nvidia-smi: GPU 5 has fallen off the bus"
 
 
-def _plan(tmp_path, **health):
+def _plan(tmp_path, checks=None, command=None):
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="gate-test", **health)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="gate-test",
+                          settings={"health": health_settings(checks, command)})
     return build_plan(config, get_plugin_manager(autoload=False), Entrypoint(command=["python", "-u", str(script)]))
 
 
@@ -41,8 +43,8 @@ def check_cmd(tmp_path):
 
 def test_sick_node_posts_and_healthy_node_names_it_once(tmp_path, check_cmd, launcher_store_server):
     sick_events, ok_events = [], []
-    sick_gate = HealthGate(_plan(tmp_path, health_check_cmd=check_cmd), lambda t, **d: sick_events.append((t, d)))
-    ok_gate = HealthGate(_plan(tmp_path, health_checks="disk"), lambda t, **d: ok_events.append((t, d)))
+    sick_gate = HealthGate(_plan(tmp_path, command=check_cmd), lambda t, **d: sick_events.append((t, d)))
+    ok_gate = HealthGate(_plan(tmp_path, checks="disk"), lambda t, **d: ok_events.append((t, d)))
     sick_handler, ok_handler = _handler(launcher_store_server), _handler(launcher_store_server)
     try:
         assert ok_gate.poll(ok_handler) == []
@@ -73,7 +75,7 @@ def test_sick_node_posts_and_healthy_node_names_it_once(tmp_path, check_cmd, lau
 
 
 def test_no_checks_means_nothing_runs(tmp_path, check_cmd, launcher_store_server):
-    gate = HealthGate(_plan(tmp_path, health_checks="none"), lambda t, **d: None)
+    gate = HealthGate(_plan(tmp_path, checks="none"), lambda t, **d: None)
     handler = _handler(launcher_store_server)
     try:
         gate.before_join(handler)

@@ -76,7 +76,7 @@ def test_every_example_file_is_in_the_distribution(source_tree: Path) -> None:
     assert files == sorted(
         ["pyproject.toml", "acme_launcher/__init__.py", "acme_launcher/rendezvous.py", "acme_launcher/logs.py",
          "acme_launcher/events.py", "acme_launcher/numa.py", "acme_launcher/devices.py", "acme_launcher/cluster.py",
-         "acme_launcher/health.py", "tests/test_acme.py"]
+         "acme_launcher/health.py", "acme_launcher/flags.py", "tests/test_acme.py"]
     )
 
 
@@ -208,6 +208,31 @@ def test_event_handler_example_needs_its_setting(site: str, reporter: tuple[str,
                           env={"PYTHONPATH": site})
     assert result.returncode == 2
     assert "ACME_AUDIT_LOG" in result.stderr and not list(out.iterdir())
+
+
+def test_flag_group_example(site: str, reporter: tuple[str, Path], tmp_path: Path) -> None:
+    script, out = reporter
+    shown = run_launcher(["--help"], env={"PYTHONPATH": site, "COLUMNS": "200"})
+    assert shown.returncode == 0 and "Acme audit log (--event-log-handler acme-audit):" in shown.stdout
+    assert "--acme-audit-log ACME_AUDIT_LOG" in shown.stdout
+    audit = tmp_path / "flag-audit.log"
+    result = run_launcher(
+        ["--standalone", "--event-log-handler", "acme-audit", "--acme-audit-log", str(audit), script, str(out)],
+        env={"PYTHONPATH": site, "ACME_AUDIT_LOG": str(tmp_path / "not-this-one.log")},  # the flag wins
+    )
+    assert result.returncode == 0, result.stderr
+    assert audit.read_text().splitlines()[-1].split(" ")[2] == "job_succeeded"
+    assert not (tmp_path / "not-this-one.log").exists()
+    for report in out.iterdir():  # the job above ran: no report may appear below
+        report.unlink()
+    missing = str(tmp_path / "no-such-dir" / "a.log")
+    for args, env, source in ((["--acme-audit-log", missing], {}, "--acme-audit-log"),
+                              ([], {"ACME_AUDIT_LOG": missing}, "ACME_AUDIT_LOG")):
+        refused = run_launcher(["--standalone", "--event-log-handler", "acme-audit", *args, script, str(out)],
+                               env={"PYTHONPATH": site, **env})
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert f"launcher: error: {source} " in refused.stderr and "no directory" in refused.stderr
+    assert not list(out.iterdir())
 
 
 def test_numa_strategy_example(site: str, reporter: tuple[str, Path]) -> None:

@@ -42,10 +42,9 @@ import marshal
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import UsageError
 from launcher.values import quote
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,35 +73,6 @@ _MAX_PACKET = 4 << 20
 #: marshal's format for the messages: understood by every Python 3 since 3.4, so the workers'
 #: interpreter (PYTHON_EXEC) may be another version than the agent's.
 _MARSHAL_VERSION = 4
-
-
-def parse_preload(value: str | Iterable[str] | None, name: str = "--preload") -> tuple[str, ...]:
-    """``torch,numpy`` (or a sequence of names) as a tuple of module names; a one-line error otherwise."""
-    if value is None:
-        return ()
-    items = value.split(",") if isinstance(value, str) else list(value)
-    modules: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            raise UsageError(f"{name}: module names must be strings, got {quote(item)}")
-        module = item.strip()
-        if not module:
-            continue
-        if not all(part.isidentifier() for part in module.split(".")):
-            raise UsageError(f"{name} {quote(module)} is not a module name: use dotted names like torch or torch.nn")
-        if module not in modules:
-            modules.append(module)
-    return tuple(modules)
-
-
-def preload_for_command(value: str | None, *, no_python: bool, name: str = "--preload") -> tuple[str, ...]:
-    """The modules to preload for a command line; none, said once, when the workers are not Python."""
-    modules = parse_preload(value, name)
-    if modules and no_python:
-        log.warning("%s does not apply with --no-python (the program is not started by Python): "
-                    "starting workers normally", name)
-        return ()
-    return modules
 
 
 def template_env(envs: Sequence[Mapping[str, str]]) -> dict[str, str]:

@@ -45,7 +45,8 @@ class Watchdog:
     def spawn(self) -> None:
         """Start the watchdog's process only (unless it runs); :meth:`start` sets the containment up later.
 
-        The command line calls this as soon as its flags parse: the watchdog's interpreter then
+        The command line calls this first thing (before loading the plugins, whose flags it then
+        reads; not for --help or --version): the watchdog's interpreter then
         boots on a core the agent leaves idle while it builds its plan, instead of beside the
         workers as they start. Nothing of the job exists yet, so :meth:`dismiss` may end it without
         a sweep if the plan is refused. The watchdog is told where the job's cgroup will go; it is

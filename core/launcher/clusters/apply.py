@@ -4,6 +4,8 @@ Explicit flags and ``PET_*`` variables always win; the environment only fills wh
 A flag that contradicts the environment (``--nnodes 2`` in a 4-node allocation) is kept, with a
 warning naming both values. ``--cluster none`` (or ``--standalone``) leaves the flags exactly as
 torchrun would read them. The agent prints one line saying what it took from where.
+
+The flag itself is declared here too (:data:`FLAGS`), beside the code that reads it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import argparse
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from launcher.errors import UsageError
+from launcher.flags import Flag, FlagGroup, FlagValues
 from launcher.plugins.manager import LauncherPluginManager
 from launcher.plugins.types import ClusterEnvironment
 
@@ -31,6 +34,29 @@ _WHAT = {
     "nnodes": "nodes", "node_rank": "node rank", "master_addr": "address", "master_port": "port",
     "run_id": "run id", "nproc_per_node": "processes per node",
 }
+
+
+class ClusterSettings(NamedTuple):
+    """``auto``, ``none`` or a cluster environment's name (checked when the environment is detected)."""
+
+    choice: str = "auto"
+
+
+def read_cluster(values: FlagValues) -> ClusterSettings:
+    """``--cluster``, as given (:func:`launcher.clusters.apply.detect` checks the name against the plugins)."""
+    return ClusterSettings((values["cluster"] or "auto").strip().lower())
+
+
+FLAGS: FlagGroup[ClusterSettings] = FlagGroup(
+    name="clusters",
+    title="cluster environments",
+    read=read_cluster,
+    flags=(
+        Flag("--cluster", default="auto", underscore=False,
+             help="Fill missing flags from a scheduler's environment: auto (default), none (torchrun's "
+             "behaviour), or a cluster environment's name (slurm, openmpi, mpich, pmix, lsf, kubeflow)."),
+    ),
+)
 
 
 def given_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> set[str]:

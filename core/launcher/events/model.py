@@ -210,6 +210,8 @@ class SinkContext:
     node: str
     role: str
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), hash=False)
+    #: Every flag group's settings object by group name (a plugin's flags: ``launcher_flag_groups``).
+    settings: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def setting(self, name: str, default: str | None = None) -> str | None:
         """The setting ``name``, or ``default`` when it is unset or empty."""

@@ -39,7 +39,6 @@ from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup, WorkerSlot
-    from launcher.config import LaunchConfig
     from launcher.rendezvous.api import RendezvousInfo
 
 log = logging.getLogger("launcher.hangs")
@@ -100,17 +99,6 @@ class HangMonitor:
         self._dumps = 0
         #: The report of the last hang (``None`` until one happens).
         self.report: HangReport | None = None
-
-    @classmethod
-    def create(cls, config: LaunchConfig, node: str, *, log_dir: Callable[[], str | None] | None = None,
-               emit: Callable[..., None] | None = None,
-               keep_logs: Callable[[], None] | None = None) -> HangMonitor | None:
-        """A monitor when ``config.hang_timeout`` is set, else ``None`` (the default: no watching)."""
-        timeout = getattr(config, "hang_timeout", None)
-        if not timeout:
-            return None
-        return cls(timeout, node=node, run_id=config.run_id, output=getattr(config, "hang_watch", "") == "output",
-                   log_dir=log_dir, emit=emit, keep_logs=keep_logs)
 
     # -- per attempt ---------------------------------------------------------------------------
 

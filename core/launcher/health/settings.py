@@ -1,44 +1,46 @@
-"""The health-check settings: ``--health-checks`` and ``--health-check-cmd``, validated.
+"""The health-check flags, ``--health-checks`` and ``--health-check-cmd``: declared, parsed and checked here.
 
-Names are checked against the registered checks when the plan is built
-(:func:`resolve_health_checks`), so an unknown name is one line with a suggestion, exit status 2,
-before anything starts.
+:data:`FLAGS` reads them into one :class:`HealthSettings` (``settings["health"]``); the Python API
+builds the same object with :func:`health_settings`. Names are checked against the registered
+checks when the plan is built (:func:`resolve_health_checks`), so an unknown name is one line with
+a suggestion, exit status 2, before anything starts.
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": typing.NamedTuple would compile every field's
+# annotation string at import, which every launch pays.
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from launcher.errors import UsageError
+from launcher.flags import Flag, FlagGroup, FlagValues
 from launcher.values import quote
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.config import LaunchConfig
     from launcher.plugins.manager import LauncherPluginManager
     from launcher.plugins.types import HealthCheck
 
 __all__ = [
+    "FLAGS",
     "HealthSettings",
-    "check_health_config",
+    "health_settings",
     "parse_health_check_cmd",
     "parse_health_checks",
+    "read_health",
     "resolve_health_checks",
-    "settings_of",
 ]
 
 #: The name of the check ``--health-check-cmd`` configures.
 COMMAND_CHECK = "command"
 
 
-@dataclass(frozen=True)
-class HealthSettings:
+class HealthSettings(NamedTuple):
     """``names``: the checks asked for (``None``: every default check, ``()``: none);
     ``command``: the ``--health-check-cmd`` path, absolute (``None`` when unset)."""
 
-    names: tuple[str, ...] | None = None
-    command: str | None = None
+    names: "tuple[str, ...] | None" = None
+    command: "str | None" = None
 
 
 def parse_health_checks(value: str | None, flag: str = "--health-checks") -> tuple[str, ...] | None:
@@ -71,24 +73,23 @@ def parse_health_check_cmd(value: str | None, flag: str = "--health-check-cmd") 
     return path
 
 
-def check_health_config(config: LaunchConfig) -> None:
-    """Normalise and check ``config.health_checks`` (to ``None`` or a tuple of names) and
-    ``config.health_check_cmd`` (to an absolute path or ``None``), for the command line and the
-    Python API alike."""
-    value = config.health_checks
-    if isinstance(value, (list, tuple)):
-        items = [str(item) for item in value]
-        value = ",".join(items) if items else "none"
-    if value is not None and not isinstance(value, str):
-        raise UsageError(f"LaunchConfig.health_checks must be names or 'none', got {type(value).__name__}")
-    config.health_checks = parse_health_checks(value, "--health-checks")
-    config.health_check_cmd = parse_health_check_cmd(config.health_check_cmd)
+def read_health(values: FlagValues) -> HealthSettings:
+    """``--health-checks`` and ``--health-check-cmd``, checked."""
+    return HealthSettings(parse_health_checks(values["health_checks"], values.source("health_checks")),
+                          parse_health_check_cmd(values["health_check_cmd"], values.source("health_check_cmd")))
 
 
-def settings_of(config: LaunchConfig) -> HealthSettings:
-    """The settings ``config`` holds (after :func:`check_health_config`)."""
-    names = config.health_checks
-    return HealthSettings(tuple(names) if names is not None else None, config.health_check_cmd)
+def health_settings(checks: "str | Sequence[str] | None" = None, command: "str | None" = None) -> HealthSettings:
+    """The Python API's way to the same settings: ``LaunchConfig(settings={"health": health_settings("disk")})``.
+
+    ``checks`` is a comma list or a sequence of names (``"none"`` or ``[]``: no check; ``None``: the
+    default checks); checked as the flags are.
+    """
+    if isinstance(checks, (list, tuple)):
+        checks = ",".join(str(item) for item in checks) if checks else "none"
+    if checks is not None and not isinstance(checks, str):
+        raise UsageError(f"health checks must be names or 'none', got {type(checks).__name__}")
+    return HealthSettings(parse_health_checks(checks, "--health-checks"), parse_health_check_cmd(command))
 
 
 def resolve_health_checks(settings: HealthSettings, manager: LauncherPluginManager) -> tuple[HealthCheck, ...]:
@@ -109,3 +110,17 @@ def resolve_health_checks(settings: HealthSettings, manager: LauncherPluginManag
     for check in chosen:
         unique.setdefault(check.name, check)
     return tuple(unique.values())
+
+
+FLAGS: FlagGroup[HealthSettings] = FlagGroup(
+    name="health",
+    title="health checks",
+    read=read_health,
+    flags=(
+        Flag("--health-checks", default=None,
+             help="Checks run before each round this node joins, comma list, or none (default: every built-in that "
+             "applies: gpu, disk, python, command). A sick node stays out and exits with status 69."),
+        Flag("--health-check-cmd", default=None,
+             help="The site's health-check executable: exit 0 is healthy, else its first output line is the reason."),
+    ),
+)

@@ -1,4 +1,4 @@
-"""Hook specifications: the seven kinds of plugin launcher accepts.
+"""Hook specifications: the seven kinds of plugin launcher accepts, and the plugins' own flags.
 
 A plugin is any module or object with functions decorated by :data:`launcher.plugins.hookimpl`
 and named after one of the hooks below. It is found through the ``launcher`` entry-point group::
@@ -23,6 +23,7 @@ most likely misspelled), reported when the plugins are loaded.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -35,6 +36,9 @@ from launcher.plugins.types import (
     NumaStrategy,
     RendezvousBackend,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from launcher.flags import FlagGroup
 
 PROJECT = "launcher"
 
@@ -186,7 +190,6 @@ class LauncherSpecs:
                                          detect=_detect, variables=("GRID_JOB",))
         """
 
-
     @hookspec
     def launcher_health_checks(self) -> Iterable[HealthCheck]:  # type: ignore[empty-body]
         """Register health checks (``--health-checks NAME``), run before each round a node joins.
@@ -211,4 +214,36 @@ class LauncherSpecs:
             def launcher_health_checks():
                 yield HealthCheck(name="scratch", description="/scratch is mounted",
                                   check=_scratch_mounted, time_limit=5.0, default=False)
+        """
+
+    @hookspec
+    def launcher_flag_groups(self) -> Iterable[FlagGroup[Any]]:  # type: ignore[empty-body]
+        """Add command-line flags (``launcher --help`` shows each group under its title).
+
+        A group's ``read`` parses and checks its flags and returns one settings object, found by
+        the group's name in the plan's ``settings`` and in an event sink's ``context.settings``.
+        Each flag also reads its ``PET_*`` variable when it is not given. Flags are spelled out in
+        full (only torchrun's may be abbreviated), and a name another group uses is an error.
+        Example, a sink whose destination is a flag::
+
+            from typing import NamedTuple
+
+            from launcher.errors import UsageError
+            from launcher.flags import Flag, FlagGroup
+            from launcher.plugins import hookimpl
+
+            class AuditSettings(NamedTuple):  # every launch imports it: lighter than a dataclass
+                path: str
+
+            def _read(values):
+                path = values["audit_path"]
+                if not path.strip():
+                    raise UsageError(f"{values.source('audit_path')} is empty: give a file name")
+                return AuditSettings(path)
+
+            @hookimpl
+            def launcher_flag_groups():
+                yield FlagGroup(name="audit", title="audit sink", read=_read, flags=(
+                    Flag("--audit-path", default="audit.log", help="Where the audit sink writes."),
+                ))
         """

@@ -32,7 +32,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pluggy
 
@@ -56,6 +56,9 @@ from launcher.plugins.types import (
     Registration,
     RendezvousBackend,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.flags import FlagGroup
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -349,6 +352,30 @@ class LauncherPluginManager(pluggy.PluginManager):
             for name in foreign.registration.names:
                 found.setdefault(name, foreign)
         return found
+
+    def flag_groups(self) -> list[FlagGroup[Any]]:
+        """Every loaded plugin's flag groups (``launcher_flag_groups``), in registration order.
+
+        Each implementation is called once, directly, so that a wrong result names its plugin
+        (an :class:`InvalidPluginError`, one line); hook wrappers do not apply to this hook.
+        """
+        from launcher.flags import FlagGroup
+
+        groups: list[FlagGroup[Any]] = []
+        for impl in self.hook.launcher_flag_groups.get_hookimpls():  # registration order
+            if impl.hookwrapper or getattr(impl, "wrapper", False):
+                continue
+            result: Any = impl.function()
+            if isinstance(result, FlagGroup) or not hasattr(result, "__iter__"):
+                result = [result] if result is not None else []
+            for group in result:
+                if not isinstance(group, FlagGroup):
+                    raise InvalidPluginError(
+                        f"plugin {self._info(impl.plugin_name).describe()} returned {group!r} from "
+                        "launcher_flag_groups; expected launcher.flags.FlagGroup objects"
+                    )
+                groups.append(group)
+        return groups
 
     # -- lookup --------------------------------------------------------------------------------
 

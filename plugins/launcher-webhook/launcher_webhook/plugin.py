@@ -1,6 +1,7 @@
 """The plugin module the ``launcher`` entry point names: registers the ``webhook`` event handler.
 
-Cheap to import (listing plugins imports it): the sink's module loads only when it is chosen.
+Cheap to import (listing plugins and every launch import it, with the flags of
+:mod:`launcher_webhook.settings`): the sink's module loads only when it is chosen.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ from typing import TYPE_CHECKING
 from launcher.plugins import hookimpl
 from launcher.plugins.types import EventHandler
 
+from launcher_webhook.settings import FLAGS
+
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from launcher.events.model import EventSink, SinkContext
+    from launcher.flags import FlagGroup
+
+    from launcher_webhook.settings import WebhookOptions
 
 
 def _create(context: SinkContext) -> EventSink:
@@ -26,6 +32,12 @@ def launcher_event_handlers() -> Iterator[EventHandler]:
     """Register ``webhook``."""
     yield EventHandler(
         name="webhook",
-        description="POST batches of events as JSON to $LAUNCHER_WEBHOOK_URL",
+        description="POST batches of events as JSON to --webhook-url ($LAUNCHER_WEBHOOK_URL)",
         create_sink=_create,
     )
+
+
+@hookimpl
+def launcher_flag_groups() -> Iterator[FlagGroup[WebhookOptions]]:
+    """``--webhook-url`` and the batch settings (:mod:`launcher_webhook.settings`)."""
+    yield FLAGS

@@ -30,7 +30,6 @@ import random
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import uuid
 from collections import deque
@@ -39,9 +38,11 @@ from dataclasses import dataclass
 from email.message import Message
 from typing import Any
 
+from launcher.errors import UsageError
 from launcher.events.model import Event, EventSinkError, SinkContext
 
 from launcher_webhook import __version__
+from launcher_webhook.settings import WebhookOptions, check_url, redact
 
 log = logging.getLogger("launcher.events.webhook")
 
@@ -83,15 +84,21 @@ class WebhookSettings:
     token: str | None = None
 
     def __post_init__(self) -> None:
-        parts = urllib.parse.urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise EventSinkError(
-                f"{URL_SETTING} must be an http:// or https:// URL, got {redact(self.url)!r}"
-            )
+        try:
+            check_url(self.url, URL_SETTING)  # the flag group's check, named after the variable here
+        except UsageError as exc:
+            raise EventSinkError(str(exc)) from None
 
     @classmethod
     def from_context(cls, context: SinkContext) -> WebhookSettings:
-        """Read the settings; :class:`EventSinkError` naming the variable when one is wrong."""
+        """The settings: the webhook flags' (checked by the command line), else ``LAUNCHER_WEBHOOK_*``.
+
+        A sink created without the command line (the Python API, a bus built by hand) reads the
+        variables here; :class:`EventSinkError` names the variable when one is wrong.
+        """
+        options = context.settings.get("webhook")
+        if isinstance(options, WebhookOptions):
+            return cls.from_options(options, context)
         url = context.setting(URL_SETTING)
         if url is None:
             raise EventSinkError(
@@ -109,18 +116,17 @@ class WebhookSettings:
             token=context.setting(TOKEN_SETTING),
         )
 
-
-def redact(url: str) -> str:
-    """``url`` without user, password, query or fragment, which may hold secrets: for logs."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        host = parts.hostname or ""
-        if ":" in host:  # IPv6 literal
-            host = f"[{host}]"
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<invalid URL>"
-    return urllib.parse.urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+    @classmethod
+    def from_options(cls, options: WebhookOptions, context: SinkContext) -> WebhookSettings:
+        """The settings the webhook flag group read; the token from ``LAUNCHER_WEBHOOK_TOKEN``."""
+        if options.url is None:
+            raise EventSinkError(
+                f"event handler 'webhook' needs --webhook-url or {URL_SETTING}: the URL that receives the "
+                f"events, e.g. --webhook-url https://monitoring.example.com/launcher-events"
+            )
+        return cls(url=options.url, timeout=options.timeout, batch_size=options.batch_size,
+                   max_queue=options.max_queue, retries=options.retries, backoff=options.backoff,
+                   close_timeout=options.close_timeout, token=context.setting(TOKEN_SETTING))
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -198,3 +198,7 @@ def test_readme_documents_every_setting() -> None:
     assert len(settings) == 8
     for setting in settings:
         assert f"| `{setting}` |" in readme, setting
+    from launcher_webhook.settings import FLAGS
+
+    for flag in FLAGS.flags:  # each flag beside the variable it falls back on
+        assert f"| `{flag.name}` | `{flag.env}` |" in readme, flag.name
