@@ -226,9 +226,9 @@ class Agent:
                 return restart_closed(report, handler, *pending, exc, self._emit, plan.run_id, self._oom_watch)
             pending = None
             if previous is not None:
-                from launcher.agent.membership import lost_since  # only after a re-form
+                from launcher.agent.membership import lost_since, named  # only after a re-form
 
-                left = ", ".join(sorted(lost_since(previous, info)))
+                left = named(handler, lost_since(previous, info))
                 if left and charged:
                     # The failure that used a restart came from a node leaving (peers' collectives
                     # break before heartbeats time out): re-forming costs no restart.

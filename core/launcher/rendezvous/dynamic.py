@@ -137,6 +137,11 @@ class DynamicRendezvousHandler:
         if self._gate is not None:
             self._rounds.on_attempt = self._gate.round_opened
             self._rounds.on_sealed = self._gate.round_sealed
+        if store_server is not None:
+            # An agent whose process dies is reported when its connection closes, at once.
+            from launcher.rendezvous.disconnects import ClosedConnections
+
+            ClosedConnections(store_server, run_id, self._config.read_timeout).start()
         self._heartbeats = heartbeats
         self._current: Membership | None = None
         #: This node's last round, kept after it left it (the host waits for its departures).
@@ -144,6 +149,8 @@ class DynamicRendezvousHandler:
         self._was_rank0 = False
         self._watcher: RingWatcher | None = None
         self._lost = LostNodes()
+        #: Why the nodes of earlier rounds departed (this round's are in ``_lost``).
+        self._reasons: dict[str, str] = {}
         self._shut_down = False
         self._workers = WorkersStore(self._ops, self._keys, self._node.addr, master_addr, master_port)
 
@@ -219,6 +226,13 @@ class DynamicRendezvousHandler:
             raise
         self._current = self._last = membership
         self._was_rank0 = membership.rank == 0
+        if previous is not None and len(previous.ids) > 1:
+            # Why the previous round's missing nodes went, for the agent's "left the job" line.
+            try:
+                self._lost.read(self._ops, self._keys, previous.round)
+            except (RendezvousError, StoreError):
+                pass  # a courtesy: the round is formed all the same
+        self._reasons.update(self._lost.reasons())
         self._lost.reset()
         if len(membership.ids) > 1:
             scheduler = self._heartbeats or shared_scheduler()
@@ -274,6 +288,12 @@ class DynamicRendezvousHandler:
         if m is None or len(m.ids) == 1 or self._shut_down:
             return []
         return self._lost.read(self._ops, self._keys, m.round)
+
+    def departures(self) -> dict[str, str]:
+        """Why each node :meth:`lost_nodes` has named so far is gone (``agent process died``,
+        ``heartbeat timeout``...), for the nodes whose report says (see
+        :mod:`~launcher.rendezvous.departures`), in this round and the earlier ones."""
+        return {**self._reasons, **self._lost.reasons()}
 
     # -- ending ------------------------------------------------------------------------------
 

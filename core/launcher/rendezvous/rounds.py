@@ -63,6 +63,7 @@ class Rounds:
         self.progress_interval = progress_interval
         self.closed = False
         self._record = b""
+        self._spare_called = False
         self.on_attempt: Callable[[int], None] | None = None
         self.on_sealed: Callable[[int, tuple[tuple[str, ...], ...]], None] | None = None
 
@@ -76,7 +77,11 @@ class Rounds:
         self._record = record
         outcome: Membership | int = self._first_round(previous)
         while not isinstance(outcome, Membership):
+            self._spare_called = False
             outcome = self._attempt(outcome, deadline, previous)
+            if self._spare_called:
+                # A spare waited as long as the job ran; its join timeout starts when it is called.
+                deadline = time.monotonic() + self._config.join_timeout
         return outcome
 
     def _first_round(self, previous: Membership | None) -> int:
@@ -130,7 +135,7 @@ class Rounds:
                 state = decode(self._ops.get(self._keys.sealed(r)))
                 if state.get("state") == "sealed":
                     self.on_sealed(r, sealed_addresses(state))
-            return self._wait_late(r, deadline, f"round {r} is full ({self._max} nodes)")
+            return self._wait_as_spare(r)
         self._ops.set(self._keys.node(r, index), self._record)
         log.info(
             "rendezvous %r: node %s joined round %d as number %d (min %d, max %d)",
@@ -285,6 +290,8 @@ class Rounds:
                 # The closer counted this index but did not see this node's record in time:
                 # take a new index so that the running nodes see one more node waiting.
                 self._ops.add(self._keys.seq(r), 1)
+            if len(ids) >= self._max:
+                return self._wait_as_spare(r)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
         host_rank = state.get("hr")
         return Membership(
@@ -297,14 +304,33 @@ class Rounds:
             addresses,
         )
 
-    def _wait_late(self, r: int, deadline: float, why: str) -> int:
-        """Wait, counted as a waiting node of round ``r``, until round r + 1 opens; its number."""
+    def _wait_as_spare(self, r: int) -> int:
+        """Round ``r`` has MAX nodes: wait, for as long as the job runs, until a round after it
+        opens (a participant left or was lost); its number. A spare is not counted as a node
+        waiting to join (round ``r`` has no room for it), so it starts no new round itself."""
         log.info(
-            "rendezvous %r: %s; this node waits for the next round",
+            "rendezvous %r: waiting as a spare: the job has its %d nodes (round %d); this node takes the "
+            "place of the first one to leave",
             self._run_id,
-            why,
+            self._max,
+            r,
         )
-        next_progress = time.monotonic() + self.progress_interval
+        r_next = self._wait_late(r, math.inf, "", spare=True)
+        self._spare_called = True
+        log.info("rendezvous %r: this spare is called: round %d opened", self._run_id, r_next)
+        return r_next
+
+    def _wait_late(self, r: int, deadline: float, why: str, *, spare: bool = False) -> int:
+        """Wait, counted as a waiting node of round ``r``, until round r + 1 opens; its number."""
+        if not spare:
+            log.info(
+                "rendezvous %r: %s; this node waits for the next round",
+                self._run_id,
+                why,
+            )
+        # A spare's reminder comes seldom: it may wait for the whole job.
+        interval = self.progress_interval * (30 if spare else 1)
+        next_progress = time.monotonic() + interval
         while True:
             now = time.monotonic()
             if self._ops.wait([self._keys.open(r + 1)], min(deadline, next_progress) - now):
@@ -318,11 +344,14 @@ class Rounds:
                     f"rendezvous {self._run_id!r} timed out after {self._config.join_timeout:g} s: "
                     f"{why}, and its nodes did not start a new round to admit this node"
                 )
-            next_progress = now + self.progress_interval
+            next_progress = now + interval
             self._raise_if_closed()
             current = self._read_current()
             if current > r:  # the opener died between moving "current" and writing "open"
                 return current
+            if spare:
+                log.info("rendezvous %r: still waiting as a spare (round %d)", self._run_id, r)
+                continue
             log.info(
                 "rendezvous %r: still waiting for round %d to end and admit this node; timeout in %.0f s",
                 self._run_id,
