@@ -110,6 +110,31 @@ def test_spare_replaces_a_cut_off_node_after_the_heartbeat_timeout(make_network,
     assert "this spare is called" in agents[2].stderr, agents[2].describe()
 
 
+@pytest.mark.timeout(150)
+def test_three_agents_started_at_once_without_a_secret_the_spare_still_takes_the_place(
+    make_network, start_agent, tmp_path
+):
+    """Default admission (no secret): the closed round's store cuts the third agent off, or
+    refuses it from the start. It must neither fail nor end the job: once the killed node's
+    departure opens a new round, it gets in and the job completes."""
+    net = make_network(3)
+    state = tmp_path / "state"
+    state.mkdir()
+    agents = [start_agent(net[i], spare_args(net, i, state, heartbeat_timeout=60)) for i in range(3)]
+    wait_progress(state, 4, 5, agents)
+    formed = [i for i in range(3) if "round 0 formed" in agents[i].stderr]
+    assert len(formed) == 2, logs(agents)
+    (spare,) = set(range(3)) - set(formed)
+    victim = max(formed)  # not node 0 (it serves the store) unless node 0 is the spare
+    agents[victim].kill()
+    survivors = [agents[i] for i in range(3) if i != victim]
+    wait_all(survivors, 90, context=agents)
+    check_history(state, STEPS, [4])
+    assert "round 1 formed with 2 nodes" in agents[spare].stderr, agents[spare].describe()
+    survivor = next(a for i, a in enumerate(agents) if i not in (victim, spare))
+    assert re.search(rf"{re.escape(net[victim].addr)}_\S+ \(agent process died\)", survivor.stderr), logs(agents)
+
+
 # -- etcd: the dead agent's watchdog reports it (etcd sees no connection close) ------------------
 
 

@@ -319,6 +319,11 @@ class DynamicRendezvousHandler:
         """Close the rendezvous for every node; waiting and late nodes get RendezvousClosedError."""
         # A node that ends the job because its own rendezvous failed says why, so that the nodes
         # it stops can name the cause (a lost node, say) instead of only "closed".
+        if self._rounds.spare and self._last is None:
+            # A spare has no part in the job: its own failure (a store that kept it out too
+            # long, say) must not end the job of the nodes it was waiting to replace.
+            log.warning("rendezvous %r: this node only waited as a spare: the job goes on without it", self._run_id)
+            return
         reason = f"{self._node.id}: {self._failure}" if self._failure else "1"
         self._rounds.close_job(reason)
 

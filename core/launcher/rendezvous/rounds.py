@@ -19,7 +19,7 @@ from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, Rend
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.rendezvous.membership import Membership, NodeDescriptor, decode, encode, list_ids, sealed_addresses
-from launcher.rendezvous.store_ops import StoreOps
+from launcher.rendezvous.store_ops import ConnectionLost, StoreOps
 from launcher.store.api import StoreError, StoreTimeoutError
 
 __all__ = ["CLOSED", "Rounds"]
@@ -64,6 +64,8 @@ class Rounds:
         self.closed = False
         self._record = b""
         self._spare_called = False
+        #: This node waits as a spare now (or did, before a failure): it has no part in the job yet.
+        self.spare = False
         self.on_attempt: Callable[[int], None] | None = None
         self.on_sealed: Callable[[int, tuple[tuple[str, ...], ...]], None] | None = None
 
@@ -75,13 +77,26 @@ class Rounds:
         :class:`RendezvousTimeoutError` when fewer than MIN nodes joined by ``deadline``.
         """
         self._record = record
-        outcome: Membership | int = self._first_round(previous)
+        outcome: Membership | int | None = None
         while not isinstance(outcome, Membership):
             self._spare_called = False
-            outcome = self._attempt(outcome, deadline, previous)
+            try:
+                outcome = self._first_round(previous) if outcome is None else self._attempt(outcome, deadline, previous)
+            except ConnectionLost as exc:
+                # The store closed our connection mid-call: a c10d store whose round closed
+                # without this node (a spare, a late node) does that. The client reconnects once
+                # it is admitted again (a new round opens): start over from the newest round.
+                if time.monotonic() >= deadline and not self.spare:
+                    raise
+                log.info("rendezvous %r: %s; trying again once the store admits this node", self._run_id, exc)
+                if self.spare:  # admitted again means a new round opened: it gets a full join timeout
+                    deadline = max(deadline, time.monotonic() + self._config.join_timeout)
+                outcome = None
+                continue
             if self._spare_called:
                 # A spare waited as long as the job ran; its join timeout starts when it is called.
                 deadline = time.monotonic() + self._config.join_timeout
+        self.spare = False
         return outcome
 
     def _first_round(self, previous: Membership | None) -> int:
@@ -308,6 +323,7 @@ class Rounds:
         """Round ``r`` has MAX nodes: wait, for as long as the job runs, until a round after it
         opens (a participant left or was lost); its number. A spare is not counted as a node
         waiting to join (round ``r`` has no room for it), so it starts no new round itself."""
+        self.spare = True
         log.info(
             "rendezvous %r: waiting as a spare: the job has its %d nodes (round %d); this node takes the "
             "place of the first one to leave",
