@@ -1,8 +1,8 @@
 """How long a spare takes to replace a lost node: launcher now, launcher before, and torchrun.
 
 Three real agents for ``--nnodes 2`` (``--nproc-per-node 2``, c10d, every setting at its default,
-``--max-restarts`` too unless ``--max-restarts N`` is given) in network namespace hosts (``tests/multinode``: needs root),
-all started at once, so one of them waits as the spare. Every rank runs
+``--max-restarts`` too unless ``--max-restarts N`` is given) in network namespace hosts
+(``tests/multinode``: needs root), all started at once, so one of them waits as the spare. Every rank runs
 ``tests/multinode/scripts/elastic_worker.py`` (gloo all_reduce steps with a checkpoint). Once the
 two active nodes have done a few steps, an active node that does not serve the store is lost:
 

@@ -10,10 +10,11 @@ its environment; the watchdog must not be, and steps out to ``ORIGIN_CGROUP`` (t
 cgroup) if it was born inside. The agent writes ``+PID`` for each worker it starts (the worker is
 the leader of its own session) and each orphan it adopted as a child subreaper, ``-PID`` when it
 reaped one, ``!ARGV`` (NUL-separated; empty: none) for the death notice, and ``exit`` when it shuts
-down cleanly. If standard input ends without ``exit``, the agent is gone: the job's cgroup is killed (``cgroup.kill``) and removed, then every process carrying
-the token, in a registered session, or below a registered process is SIGKILLed, and the scan
-repeats until it has found nothing for a while (a worker the agent was forking when it died execs,
-and so shows its token, a moment later). Then the death notice runs, if the agent gave one: a
+down cleanly. If standard input ends without ``exit``, the agent is gone: the job's cgroup is
+killed (``cgroup.kill``) and removed, then every process carrying the token, in a registered
+session, or below a registered process is SIGKILLed, and the scan repeats until it has found
+nothing for a while (a worker the agent was forking when it died execs, and so shows its token, a
+moment later). Then the death notice runs, if the agent gave one: a
 command that tells the rendezvous this node's agent died (``launcher.rendezvous.departures``), so
 that the other nodes need not wait for its heartbeat timeout.
 

@@ -14,9 +14,9 @@ from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
 from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.agent.watchdog import Watchdog
     from launcher.agent.reporting import NodeReporter
     from launcher.agent.result import AgentResult
+    from launcher.agent.watchdog import Watchdog
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
     from launcher.hangs.report import HangReport

@@ -19,6 +19,7 @@ the heartbeat ring (:mod:`~launcher.rendezvous.liveness`) and the workers' store
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -228,10 +229,8 @@ class DynamicRendezvousHandler:
         self._was_rank0 = membership.rank == 0
         if previous is not None and len(previous.ids) > 1:
             # Why the previous round's missing nodes went, for the agent's "left the job" line.
-            try:
+            with contextlib.suppress(RendezvousError, StoreError):  # a courtesy: the round is formed
                 self._lost.read(self._ops, self._keys, previous.round)
-            except (RendezvousError, StoreError):
-                pass  # a courtesy: the round is formed all the same
         self._reasons.update(self._lost.reasons())
         self._lost.reset()
         if len(membership.ids) > 1:

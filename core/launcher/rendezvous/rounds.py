@@ -344,9 +344,8 @@ class Rounds:
                 self._run_id,
                 why,
             )
-        # A spare's reminder comes seldom: it may wait for the whole job.
-        interval = self.progress_interval * (30 if spare else 1)
-        next_progress = time.monotonic() + interval
+        checks = 0
+        next_progress = time.monotonic() + self.progress_interval
         while True:
             now = time.monotonic()
             if self._ops.wait([self._keys.open(r + 1)], min(deadline, next_progress) - now):
@@ -360,13 +359,15 @@ class Rounds:
                     f"rendezvous {self._run_id!r} timed out after {self._config.join_timeout:g} s: "
                     f"{why}, and its nodes did not start a new round to admit this node"
                 )
-            next_progress = now + interval
+            next_progress = now + self.progress_interval
             self._raise_if_closed()
             current = self._read_current()
             if current > r:  # the opener died between moving "current" and writing "open"
                 return current
             if spare:
-                log.info("rendezvous %r: still waiting as a spare (round %d)", self._run_id, r)
+                checks += 1
+                if checks % 30 == 0:  # a spare may wait for the whole job: a reminder now and then
+                    log.info("rendezvous %r: still waiting as a spare (round %d)", self._run_id, r)
                 continue
             log.info(
                 "rendezvous %r: still waiting for round %d to end and admit this node; timeout in %.0f s",
