@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.multinode.harness import ELASTIC, AgentProcess, agent_env, free_port, read_progress  # noqa: E402
+from tests.multinode.harness import ELASTIC, ENDING, AgentProcess, agent_env, free_port, read_progress  # noqa: E402
 from tests.multinode.netns import Network  # noqa: E402
 
 
@@ -45,11 +45,19 @@ def workers(host) -> int:
     for pid in host.pids():
         with contextlib.suppress(OSError):  # gone meanwhile
             argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-            count += b"elastic_worker" in argv and b"\0-m\0" not in argv
+            count += b"_worker.py" in argv and b"\0-m\0" not in argv
     return count
 
 
-def run(tool: str, scenario: str, cap: float, base: str | None, out: Path, restarts: int | None) -> dict:
+def started(state: Path, net, alone: bool) -> bool:
+    """The two active nodes are at work: step 5 done (all_reduce), or two hosts' ranks ready."""
+    if not alone:
+        return any(r["step"] >= 5 for r in read_progress(state))
+    return sum(workers(net[i]) == 2 for i in range(3)) == 2 and len(list(state.glob("*"))) >= 4
+
+
+def run(tool: str, scenario: str, cap: float, base: str | None, out: Path, restarts: int | None,
+        alone: bool = False) -> dict:
     """One job: seconds from losing an active node to the spare's workers running."""
     logs = out / f"{tool}-{scenario}"
     logs.mkdir(parents=True)
@@ -57,7 +65,9 @@ def run(tool: str, scenario: str, cap: float, base: str | None, out: Path, resta
     state.mkdir()
     with Network(3) as net:
         port = free_port(net[0])
-        env: dict[str, str] = {}
+        # ``alone``: ranks that stop using collectives once the group formed (ending_worker.py), so
+        # that no survivor's worker fails with the lost node: only the rendezvous notices it.
+        env: dict[str, str] = {"MN_RUN": "*:600", "MN_FAIL_AFTER_EXITS": str(state)} if alone else {}
         program = ("-m", "torch.distributed.run") if tool == "torchrun" else ("-m", "launcher")
         if tool == "launcher-before" and base:
             env["PYTHONPATH"] = f"{base}/core:{ROOT}"
@@ -65,7 +75,7 @@ def run(tool: str, scenario: str, cap: float, base: str | None, out: Path, resta
         for i in range(3):
             args = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", net[0].endpoint(port), "--rdzv-id", f"{tool}-{scenario}",
-                    "--local-addr", net[i].addr, ELASTIC, str(state), "100000", "0.1"]
+                    "--local-addr", net[i].addr, *([ENDING] if alone else [ELASTIC, str(state), "100000", "0.1"])]
             if restarts is not None:
                 args[10:10] = ["--max-restarts", str(restarts)]
             if tool == "torchrun" and i == 0:
@@ -73,7 +83,7 @@ def run(tool: str, scenario: str, cap: float, base: str | None, out: Path, resta
             agents.append(AgentProcess(net[i], f"node{i}", args, logs, agent_env(net[i], env), program))
         deadline = time.monotonic() + cap
         # Two active nodes at step 5: the spare is the host without workers.
-        while time.monotonic() < deadline and not any(r["step"] >= 5 for r in read_progress(state)):
+        while time.monotonic() < deadline and not started(state, net, alone):
             time.sleep(0.1)
         counts = [workers(net[i]) for i in range(3)]
         active = [i for i in range(3) if counts[i]]
@@ -118,6 +128,9 @@ def main() -> None:
     parser.add_argument("--tools", default="launcher,torchrun", help="comma list of launcher, torchrun")
     parser.add_argument("--scenarios", default="sigkill,link-cut", help="comma list")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each tool and scenario")
+    parser.add_argument("--workers", choices=("allreduce", "alone"), default="allreduce",
+                        help="allreduce: ranks keep all-reducing (a survivor's workers fail with the lost node); "
+                        "alone: ranks stop using collectives once formed (only the rendezvous notices)")
     parser.add_argument("--max-restarts", type=int, default=None,
                         help="pass --max-restarts N to every agent (default: not given, i.e. 0)")
     options = parser.parse_args()
@@ -126,8 +139,8 @@ def main() -> None:
     results: dict[str, dict] = {}
     for scenario in options.scenarios.split(","):
         for tool in tools:
-            runs = [run(tool, scenario, options.cap, options.base, out / str(k), options.max_restarts)
-                    for k in range(options.repeat)]
+            runs = [run(tool, scenario, options.cap, options.base, out / str(k), options.max_restarts,
+                        options.workers == "alone") for k in range(options.repeat)]
             seconds = [r["seconds"] for r in runs if r.get("seconds") is not None]
             results[f"{tool} {scenario}"] = {
                 "median_s": round(statistics.median(seconds), 2) if seconds else None,
@@ -139,7 +152,8 @@ def main() -> None:
     kept = json.loads(target.read_text()) if target.exists() else {}
     kept.pop("cap_s", None)
     kept.pop("results", None)
-    kept[f"max_restarts={options.max_restarts if options.max_restarts is not None else 'default'}"] = results
+    restarts = options.max_restarts if options.max_restarts is not None else "default"
+    kept[f"workers={options.workers} max_restarts={restarts}"] = results
     target.write_text(json.dumps({"cap_s": options.cap, **kept}, indent=1, sort_keys=True) + "\n")
     print(f"wrote {target}")
 
