@@ -216,7 +216,21 @@ def build_plan(
         hangs=HangPlan(config.hangs.timeout, config.hangs.watch_output) if config.hangs.timeout else None,
         device_provider=device_provider,
         settings=MappingProxyType(dict(config.settings)),
+        health=_health_plan(config, manager, entry, base_env, node, device_provider),
     )
+
+
+def _health_plan(config: LaunchConfig, manager: LauncherPluginManager, entry: Entrypoint, base_env: Mapping[str, str],
+                 node: str, device_provider: DeviceProvider | None) -> HealthPlan | None:
+    """The checks before each round: ``settings["health"]`` (the flags, or the API's
+    :func:`~launcher.health.settings.health_settings`), else the default checks."""
+    from launcher.health.plan import build_health_plan
+    from launcher.health.settings import HealthSettings
+
+    settings = config.settings.get("health") or HealthSettings()
+    return build_health_plan(settings, manager, node=node, entry=entry, env=base_env,
+                             log_dir=config.log_dir, preload=tuple(config.preload),
+                             nproc_per_node=config.nproc_per_node, device_provider=device_provider)
 
 
 def resolve_plugins(

@@ -9,11 +9,14 @@ parents. Where the agent contains the job in a cgroup v2 (``launcher.agent.conta
 its environment; the watchdog must not be, and steps out to ``ORIGIN_CGROUP`` (the agent's own
 cgroup) if it was born inside. The agent writes ``+PID`` for each worker it starts (the worker is
 the leader of its own session) and each orphan it adopted as a child subreaper, ``-PID`` when it
-reaped one, and ``exit`` when it shuts down cleanly. If standard input ends without ``exit``, the
-agent is gone: the job's cgroup is killed (``cgroup.kill``) and removed, then every process carrying
-the token, in a registered session, or below a registered process is SIGKILLed, and the scan
-repeats until it has found nothing for a while (a worker the agent was forking when it died execs,
-and so shows its token, a moment later).
+reaped one, ``!ARGV`` (NUL-separated; empty: none) for the death notice, and ``exit`` when it shuts
+down cleanly. If standard input ends without ``exit``, the agent is gone: the job's cgroup is
+killed (``cgroup.kill``) and removed, then every process carrying the token, in a registered
+session, or below a registered process is SIGKILLed, and the scan repeats until it has found
+nothing for a while (a worker the agent was forking when it died execs, and so shows its token, a
+moment later). Then the death notice runs, if the agent gave one: a
+command that tells the rendezvous this node's agent died (``launcher.rendezvous.departures``), so
+that the other nodes need not wait for its heartbeat timeout.
 
 The functions here are also the agent's own tools for its stop-time sweep (``group.py``) and its
 cgroup (``containment.py``).
@@ -262,12 +265,15 @@ def main() -> None:
     sessions: set[int] = set()
     stream = sys.stdin.buffer
     clean = False
+    notice: list[bytes] = []
     for line in stream:
         text = line.strip()
         if text == b"exit":
             clean = True
             break
-        if text[:1] == b"+":
+        if text[:1] == b"!":
+            notice = [part for part in text[1:].split(b"\0") if part]
+        elif text[:1] == b"+":
             sessions.add(int(text[1:]))
         elif text[:1] == b"-":
             sessions.discard(int(text[1:]))
@@ -284,6 +290,17 @@ def main() -> None:
     if job and os.path.isdir(job):  # a process moved into it meanwhile (never expected)
         cgroup_kill(job)
         cgroup_remove(job)
+    if notice:
+        run_notice(notice)
+
+
+def run_notice(argv: list[bytes], timeout: float = 30.0) -> None:
+    """Run the death notice, in a session of its own, for at most ``timeout`` seconds."""
+    import subprocess
+
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, timeout=timeout,
+                       start_new_session=True, check=False)
 
 
 if __name__ == "__main__":

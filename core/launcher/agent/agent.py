@@ -228,9 +228,9 @@ class Agent:
                 return restart_closed(report, handler, *pending, exc, self._emit, plan.run_id, self._oom_watch)
             pending = None
             if previous is not None:
-                from launcher.agent.membership import lost_since  # only after a re-form
+                from launcher.agent.membership import lost_since, named  # only after a re-form
 
-                left = ", ".join(sorted(lost_since(previous, info)))
+                left = named(handler, lost_since(previous, info))
                 if left and charged:
                     # The failure that used a restart came from a node leaving (peers' collectives
                     # break before heartbeats time out): re-forming costs no restart.
@@ -249,12 +249,14 @@ class Agent:
             # Loaded once the workers run: off the path to their first start.
             from launcher.agent.barrier import exit_barrier
             from launcher.agent.membership import (
+                arm_death_notice,
                 await_lost_nodes,
                 cannot_reform,
                 reform_blocked,
                 regrouping_for_joiners,
             )
 
+            arm_death_notice(handler, watchdog)
             outcome, failed = self._watch(group, handler, info)
             if outcome is WatchOutcome.SIGNAL:
                 return self._forward_signal(info, handler, group)
@@ -459,9 +461,8 @@ class Agent:
                info: RendezvousInfo) -> tuple[WatchOutcome, list[WorkerSlot]]:
         """Block until the group needs attention (see :class:`~launcher.agent.result.WatchOutcome`;
         for ``HUNG`` the report is in ``self._hangs.report``), with the slots that failed or hung."""
-        # Exits are seen at once; this interval only paces questions to the rendezvous store.
-        # At least a second apart: each check is a few store reads, and with thousands of nodes
-        # asking ten times a second the store would serve little else.
+        # Exits are seen at once; this interval only paces questions to the rendezvous store. At least a
+        # second apart: each check is a few store reads, and thousands of nodes asking 10 times a second would swamp it.
         from launcher.agent.membership import membership_changed  # loaded once the workers run
 
         interval = max(self.plan.monitor_interval, MIN_MEMBERSHIP_INTERVAL)

@@ -16,6 +16,7 @@ from launcher.store.api import StoreError
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.reporting import NodeReporter
     from launcher.agent.result import AgentResult
+    from launcher.agent.watchdog import Watchdog
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
     from launcher.hangs.report import HangReport
@@ -23,7 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
 __all__ = [
+    "arm_death_notice",
     "await_lost_nodes",
+    "named",
     "cannot_reform",
     "heartbeat_timeout",
     "lost_since",
@@ -69,7 +72,7 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
             waiting = 0  # the round cannot re-form for them: a finished node joins no other round
     if lost:
         reporter.lost = list(lost)
-        log.warning("lost contact with node(s) %s; re-forming the group", ", ".join(lost))
+        log.warning("lost contact with node(s) %s; re-forming the group", named(handler, lost))
         emit("membership_changed", lost=list(lost), waiting=waiting)
         return WatchOutcome.MEMBERSHIP
     if waiting > 0:
@@ -108,7 +111,7 @@ def cannot_reform(info: RendezvousInfo, handler: RendezvousHandler, reporter: No
         log.error("%s", note)
     reason = None
     if not failures and reporter.lost:
-        reason = f"lost contact with {', '.join(reporter.lost)} before it finished"
+        reason = f"lost contact with {named(handler, reporter.lost)} before it finished"
     elif not failures:
         reason = "its workers were stopped to re-form the group for a joining node"
     result = reporter.job_failed(info, handler, failures, ranks, closer=True, hang=hang, oom_watch=oom_watch,
@@ -153,7 +156,7 @@ def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callabl
         except (StoreError, RendezvousError, OSError):
             return False
         if lost:
-            log.warning("lost contact with node(s) %s; re-forming the group", ", ".join(lost))
+            log.warning("lost contact with node(s) %s; re-forming the group", named(handler, lost))
             emit("membership_changed", lost=list(lost), waiting=0)
             return True
         if time.monotonic() >= deadline:
@@ -178,6 +181,31 @@ def regrouping_for_joiners(handler: RendezvousHandler, emit: Callable[..., None]
         emit("membership_changed", lost=[], waiting=waiting)
         return True
     return False
+
+
+def arm_death_notice(handler: RendezvousHandler, watchdog: Watchdog) -> None:
+    """Give the watchdog the rendezvous' death notice for this round (see
+    :meth:`~launcher.rendezvous.dynamic.DynamicRendezvousHandler.death_notice`): if this agent
+    dies, the others learn it at once rather than a heartbeat timeout later. After the workers
+    started: nothing here delays them."""
+    notice = getattr(handler, "death_notice", None)
+    try:
+        watchdog.death_notice(notice() if callable(notice) else None)
+    except Exception as exc:  # a courtesy to the other nodes: never a reason to fail this one
+        log.warning("no death notice for this round: %s", exc)
+
+
+def named(handler: RendezvousHandler, nodes: list[str] | set[str]) -> str:
+    """``node (why), ...``: departed nodes with the reason their report gave (``agent process
+    died``, ``heartbeat timeout``), where the rendezvous keeps one (launcher's own does)."""
+    from launcher.rendezvous.departures import describe
+
+    reasons = getattr(handler, "departures", None)
+    try:
+        why = reasons() if callable(reasons) else {}
+    except Exception:  # a third-party handler's bug must not hide which node left
+        why = {}
+    return describe(sorted(nodes), why if isinstance(why, dict) else {})
 
 
 def lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> set[str]:

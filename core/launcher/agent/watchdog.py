@@ -120,6 +120,16 @@ class Watchdog:
     def forget(self, pid: int) -> None:
         self._send(f"-{pid}")
 
+    def death_notice(self, argv: list[str] | None) -> None:
+        """Run ``argv`` once the job's processes are killed, if the agent dies (``None``: nothing).
+
+        The rendezvous gives it (``death_notice()`` of the handler): a command that reports this
+        node gone at once, where the rendezvous cannot see the agent's death by itself (etcd).
+        """
+        if argv and any("\0" in part or "\n" in part for part in argv):
+            raise ValueError("a death notice's arguments cannot hold NUL or newline characters")
+        self._send("!" + "\0".join(argv or ()))
+
     def _register(self, pid: int, on: bool) -> None:
         (self.watch if on else self.forget)(pid)
 

@@ -92,7 +92,7 @@ def health_settings(checks: "str | Sequence[str] | None" = None, command: "str |
     return HealthSettings(parse_health_checks(checks, "--health-checks"), parse_health_check_cmd(command))
 
 
-def resolve_health_checks(settings: HealthSettings, manager: LauncherPluginManager) -> tuple[HealthCheck, ...]:
+def resolve_health_checks(settings: HealthSettings, manager: "LauncherPluginManager") -> "tuple[HealthCheck, ...]":
     """The registrations to run, each once (aliases collapsed); unknown names raise the
     manager's one-line error with a suggestion."""
     from launcher.plugins.types import HealthCheck

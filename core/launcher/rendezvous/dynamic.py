@@ -19,6 +19,7 @@ the heartbeat ring (:mod:`~launcher.rendezvous.liveness`) and the workers' store
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -137,6 +138,11 @@ class DynamicRendezvousHandler:
         if self._gate is not None:
             self._rounds.on_attempt = self._gate.round_opened
             self._rounds.on_sealed = self._gate.round_sealed
+        if store_server is not None:
+            # An agent whose process dies is reported when its connection closes, at once.
+            from launcher.rendezvous.disconnects import ClosedConnections
+
+            ClosedConnections(store_server, run_id, self._config.read_timeout).start()
         self._heartbeats = heartbeats
         self._current: Membership | None = None
         #: This node's last round, kept after it left it (the host waits for its departures).
@@ -144,6 +150,8 @@ class DynamicRendezvousHandler:
         self._was_rank0 = False
         self._watcher: RingWatcher | None = None
         self._lost = LostNodes()
+        #: Why the nodes of earlier rounds departed (this round's are in ``_lost``).
+        self._reasons: dict[str, str] = {}
         self._shut_down = False
         self._workers = WorkersStore(self._ops, self._keys, self._node.addr, master_addr, master_port)
 
@@ -219,6 +227,11 @@ class DynamicRendezvousHandler:
             raise
         self._current = self._last = membership
         self._was_rank0 = membership.rank == 0
+        if previous is not None and len(previous.ids) > 1:
+            # Why the previous round's missing nodes went, for the agent's "left the job" line.
+            with contextlib.suppress(RendezvousError, StoreError):  # a courtesy: the round is formed
+                self._lost.read(self._ops, self._keys, previous.round)
+        self._reasons.update(self._lost.reasons())
         self._lost.reset()
         if len(membership.ids) > 1:
             scheduler = self._heartbeats or shared_scheduler()
@@ -275,6 +288,24 @@ class DynamicRendezvousHandler:
             return []
         return self._lost.read(self._ops, self._keys, m.round)
 
+    def departures(self) -> dict[str, str]:
+        """Why each node :meth:`lost_nodes` has named so far is gone (``agent process died``,
+        ``heartbeat timeout``...), for the nodes whose report says (see
+        :mod:`~launcher.rendezvous.departures`), in this round and the earlier ones."""
+        return {**self._reasons, **self._lost.reasons()}
+
+    def death_notice(self) -> list[str] | None:
+        """A command that, run once this node's agent died, reports this node gone from its round
+        at once (its watchdog runs it: ``launcher.agent.watchdog``); ``None`` when the store sees
+        a death by itself (c10d: the connection closes, ``launcher.rendezvous.disconnects``) or
+        this node is alone. The store offers it (``death_notice(run_id, round, node, rank)``)."""
+        m = self._current
+        notice = getattr(self._ops.store, "death_notice", None)
+        if m is None or len(m.ids) == 1 or not callable(notice):
+            return None
+        argv = notice(self._run_id, m.round, self._node.id, m.rank)
+        return list(argv) if argv else None
+
     # -- launcher.health (issue 26): the store before this node joins any round --------------
 
     def shared_store(self, prefix: str) -> RoundStore:
@@ -295,6 +326,11 @@ class DynamicRendezvousHandler:
         """Close the rendezvous for every node; waiting and late nodes get RendezvousClosedError."""
         # A node that ends the job because its own rendezvous failed says why, so that the nodes
         # it stops can name the cause (a lost node, say) instead of only "closed".
+        if self._rounds.spare and self._last is None:
+            # A spare has no part in the job: its own failure (a store that kept it out too
+            # long, say) must not end the job of the nodes it was waiting to replace.
+            log.warning("rendezvous %r: this node only waited as a spare: the job goes on without it", self._run_id)
+            return
         reason = f"{self._node.id}: {self._failure}" if self._failure else "1"
         self._rounds.close_job(reason)
 

@@ -3,9 +3,9 @@
 See "Liveness" in docs/rendezvous.md. Each participant runs a :class:`RingWatcher` for its
 round: it beats its own heartbeat counter and watches the next participant's. The watchers of
 every handler in a process are stepped by one :class:`HeartbeatScheduler` thread, the
-process's :func:`shared_scheduler`. :class:`LostNodes` keeps the lost-node reports of a round
-as a node has read them, and :func:`await_departures` tells, from the same counters, when the
-other participants have left.
+process's :func:`shared_scheduler`. A lost node is published through
+:mod:`~launcher.rendezvous.departures` (whose :class:`LostNodes` is re-exported here), and
+:func:`await_departures` tells, from the same counters, when the other participants have left.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Protocol
 
 from launcher.rendezvous.api import RendezvousError
 from launcher.rendezvous.config import DynamicRendezvousConfig
+from launcher.rendezvous.departures import HEARTBEAT_TIMEOUT, LostNodes, report_departure
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.rendezvous.membership import Membership, list_ids
 from launcher.rendezvous.store_ops import StoreOps
-from launcher.store.api import StoreError, StoreTimeoutError
+from launcher.store.api import StoreError
 
 __all__ = [
     "LEFT",
@@ -64,7 +65,7 @@ class RingWatcher:
         keys: RendezvousKeys,
         membership: Membership,
         config: DynamicRendezvousConfig,
-        on_lost: Callable[[str], None],
+        on_lost: Callable[[str, str], None],
         scheduler: HeartbeatScheduler,
     ) -> None:
         self._ops = ops
@@ -80,7 +81,9 @@ class RingWatcher:
         now = time.monotonic()
         #: When :meth:`step` should run next (``time.monotonic()``).
         self.due = now + self.tick
-        self._next_beat = now + config.keep_alive_interval
+        # The first step beats at once: the c10d store ties the counter to this node's connection
+        # from its first write (launcher.rendezvous.disconnects), so a death is seen from then on.
+        self._next_beat = now
         self._watched = (self._rank + 1) % len(self._ids)
         self._last_value: int | None = None
         self._last_change = now
@@ -139,11 +142,10 @@ class RingWatcher:
                 now - self._last_change,
             )
             try:
-                k = self._ops.add(self._keys.lost_count(r), 1)
-                self._ops.set(self._keys.lost(r, k), lost.encode())
+                report_departure(self._ops, self._keys, r, lost, HEARTBEAT_TIMEOUT)
             except (RendezvousError, StoreError) as exc:
                 log.warning("rendezvous %r: could not publish the lost node: %s", self.run_id, exc)
-            self._on_lost(lost)
+            self._on_lost(lost, HEARTBEAT_TIMEOUT)
             self._move_on(now)
 
     def _move_on(self, now: float) -> None:
@@ -241,41 +243,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork to survive
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class LostNodes:
-    """The lost-node reports of this node's round, as far as it has read them."""
-
-    def __init__(self) -> None:
-        self._ids: list[str] = []
-        self._read = 0
-        self._lock = threading.Lock()
-
-    def reset(self) -> None:
-        """Forget every report (a new round starts)."""
-        with self._lock:
-            self._ids, self._read = [], 0
-
-    def record(self, node_id: str) -> None:
-        """Note ``node_id`` as lost (a report this node's own watcher made)."""
-        with self._lock:
-            if node_id not in self._ids:
-                self._ids.append(node_id)
-
-    def read(self, ops: StoreOps, keys: RendezvousKeys, r: int) -> list[str]:
-        """Every participant of round ``r`` reported lost: one store read while nothing new is."""
-        count = ops.add(keys.lost_count(r), 0)
-        if count > self._read:
-            try:
-                records = ops.multi_get([keys.lost(r, k) for k in range(self._read + 1, count + 1)], 1.0)
-            except StoreTimeoutError:
-                records = []  # a watcher is between counting and naming: read again next time
-            else:
-                self._read = count
-            for raw in records:
-                self.record(raw.decode())
-        with self._lock:
-            return list(self._ids)
 
 
 def await_departures(

@@ -19,7 +19,7 @@ from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, Rend
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.rendezvous.membership import Membership, NodeDescriptor, decode, encode, list_ids, sealed_addresses
-from launcher.rendezvous.store_ops import StoreOps
+from launcher.rendezvous.store_ops import ConnectionLost, StoreOps
 from launcher.store.api import StoreError, StoreTimeoutError
 
 __all__ = ["CLOSED", "Rounds"]
@@ -63,6 +63,9 @@ class Rounds:
         self.progress_interval = progress_interval
         self.closed = False
         self._record = b""
+        self._spare_called = False
+        #: This node waits as a spare now (or did, before a failure): it has no part in the job yet.
+        self.spare = False
         self.on_attempt: Callable[[int], None] | None = None
         self.on_sealed: Callable[[int, tuple[tuple[str, ...], ...]], None] | None = None
 
@@ -74,9 +77,26 @@ class Rounds:
         :class:`RendezvousTimeoutError` when fewer than MIN nodes joined by ``deadline``.
         """
         self._record = record
-        outcome: Membership | int = self._first_round(previous)
+        outcome: Membership | int | None = None
         while not isinstance(outcome, Membership):
-            outcome = self._attempt(outcome, deadline, previous)
+            self._spare_called = False
+            try:
+                outcome = self._first_round(previous) if outcome is None else self._attempt(outcome, deadline, previous)
+            except ConnectionLost as exc:
+                # The store closed our connection mid-call: a c10d store whose round closed
+                # without this node (a spare, a late node) does that. The client reconnects once
+                # it is admitted again (a new round opens): start over from the newest round.
+                if time.monotonic() >= deadline and not self.spare:
+                    raise
+                log.info("rendezvous %r: %s; trying again once the store admits this node", self._run_id, exc)
+                if self.spare:  # admitted again means a new round opened: it gets a full join timeout
+                    deadline = max(deadline, time.monotonic() + self._config.join_timeout)
+                outcome = None
+                continue
+            if self._spare_called:
+                # A spare waited as long as the job ran; its join timeout starts when it is called.
+                deadline = time.monotonic() + self._config.join_timeout
+        self.spare = False
         return outcome
 
     def _first_round(self, previous: Membership | None) -> int:
@@ -130,7 +150,7 @@ class Rounds:
                 state = decode(self._ops.get(self._keys.sealed(r)))
                 if state.get("state") == "sealed":
                     self.on_sealed(r, sealed_addresses(state))
-            return self._wait_late(r, deadline, f"round {r} is full ({self._max} nodes)")
+            return self._wait_as_spare(r)
         self._ops.set(self._keys.node(r, index), self._record)
         log.info(
             "rendezvous %r: node %s joined round %d as number %d (min %d, max %d)",
@@ -285,6 +305,8 @@ class Rounds:
                 # The closer counted this index but did not see this node's record in time:
                 # take a new index so that the running nodes see one more node waiting.
                 self._ops.add(self._keys.seq(r), 1)
+            if len(ids) >= self._max:
+                return self._wait_as_spare(r)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
         host_rank = state.get("hr")
         return Membership(
@@ -297,13 +319,32 @@ class Rounds:
             addresses,
         )
 
-    def _wait_late(self, r: int, deadline: float, why: str) -> int:
-        """Wait, counted as a waiting node of round ``r``, until round r + 1 opens; its number."""
+    def _wait_as_spare(self, r: int) -> int:
+        """Round ``r`` has MAX nodes: wait, for as long as the job runs, until a round after it
+        opens (a participant left or was lost); its number. A spare is not counted as a node
+        waiting to join (round ``r`` has no room for it), so it starts no new round itself."""
+        self.spare = True
         log.info(
-            "rendezvous %r: %s; this node waits for the next round",
+            "rendezvous %r: waiting as a spare: the job has its %d nodes (round %d); this node takes the "
+            "place of the first one to leave",
             self._run_id,
-            why,
+            self._max,
+            r,
         )
+        r_next = self._wait_late(r, math.inf, "", spare=True)
+        self._spare_called = True
+        log.info("rendezvous %r: this spare is called: round %d opened", self._run_id, r_next)
+        return r_next
+
+    def _wait_late(self, r: int, deadline: float, why: str, *, spare: bool = False) -> int:
+        """Wait, counted as a waiting node of round ``r``, until round r + 1 opens; its number."""
+        if not spare:
+            log.info(
+                "rendezvous %r: %s; this node waits for the next round",
+                self._run_id,
+                why,
+            )
+        checks = 0
         next_progress = time.monotonic() + self.progress_interval
         while True:
             now = time.monotonic()
@@ -323,6 +364,11 @@ class Rounds:
             current = self._read_current()
             if current > r:  # the opener died between moving "current" and writing "open"
                 return current
+            if spare:
+                checks += 1
+                if checks % 30 == 0:  # a spare may wait for the whole job: a reminder now and then
+                    log.info("rendezvous %r: still waiting as a spare (round %d)", self._run_id, r)
+                continue
             log.info(
                 "rendezvous %r: still waiting for round %d to end and admit this node; timeout in %.0f s",
                 self._run_id,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from launcher.rendezvous.api import RendezvousError
-from launcher.store.api import KeyValueStore, StoreError, StoreTimeoutError
+from launcher.store.api import KeyValueStore, StoreConnectionError, StoreError, StoreTimeoutError
 
-__all__ = ["POLL_MAX", "WAIT_SLICE", "RoundStore", "StoreOps", "poll_until", "wait_in_slices"]
+__all__ = ["POLL_MAX", "WAIT_SLICE", "ConnectionLost", "RoundStore", "StoreOps", "poll_until", "wait_in_slices"]
 
 T = TypeVar("T")
 
@@ -68,6 +68,11 @@ def wait_in_slices(
             continue
 
 
+class ConnectionLost(RendezvousError):
+    """The store closed this node's connection during a call (the request may or may not have
+    run): a closed round's c10d store cuts off nodes that are not its members, spares included."""
+
+
 class StoreOps:
     """The store calls of one handler: one at a time (a lock), failures as RendezvousError."""
 
@@ -89,6 +94,8 @@ class StoreOps:
                     f"rendezvous {self.run_id!r}: the store did not answer a {what} within "
                     f"{self.read_timeout:g} s (read_timeout)"
                 ) from None
+            except StoreConnectionError as exc:
+                raise ConnectionLost(f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}") from None
             except StoreError as exc:
                 raise RendezvousError(f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}") from None
 

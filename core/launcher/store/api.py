@@ -41,6 +41,11 @@ class StoreTimeoutError(StoreError, TimeoutError):
     """A blocking store call did not complete within its timeout."""
 
 
+class StoreConnectionError(StoreError):
+    """The connection broke during a call (the server closed or reset it): the request may or
+    may not have run. The next call reconnects."""
+
+
 @runtime_checkable
 class KeyValueStore(Protocol):
     """Operations the rendezvous algorithm needs from a backend's store."""

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Final
 
-from launcher.store.api import StoreError, StoreTimeoutError
+from launcher.store.api import StoreConnectionError, StoreError, StoreTimeoutError
 from launcher.store.connection import Deadline, open_connection, recv_exact
 from launcher.store.protocol import (
     I64,
@@ -189,7 +189,7 @@ class TCPStoreClient:
                 self._drop()
                 if self._closed:
                     raise StoreError(f"store client for {self.address} was closed") from exc
-                raise StoreError(f"connection to the store at {self.address} failed: {exc}") from exc
+                raise StoreConnectionError(f"connection to the store at {self.address} failed: {exc}") from exc
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None

@@ -154,8 +154,9 @@ def open_connection(
         if refused and not told and refused_deadline is not deadline:
             told = True
             log.info(
-                "the store at %s does not admit this host now (it closes our connections at once); "
-                "retrying until it does",
+                "the store at %s does not admit this host now (it closes our connections at once: a running "
+                "job admits only its nodes); retrying until it does, as a spare or a late node, once a new "
+                "round opens",
                 address,
             )
         active = refused_deadline if refused else deadline

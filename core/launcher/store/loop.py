@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Final
 
 from launcher.store.admission import Admission, Verdict, peer_ip
-from launcher.store.protocol import ProtocolError, format_address
+from launcher.store.protocol import KEY_PREFIX, ProtocolError, format_address
 from launcher.store.requests import (
     OUTPUT_HIGH_WATER,
     OUTPUT_LOW_WATER,
@@ -32,6 +32,8 @@ from launcher.store.table import Waiter
 from launcher.store.throttle import LogThrottle
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
     from launcher.store.admission import IPAddress
 
 __all__ = ["ACCEPT_PAUSE_S", "LISTENER_TAG", "WAKEUP_TAG", "ServeLoop"]
@@ -80,6 +82,7 @@ class ServeLoop:
     _dirty: set[Connection]
     _requests: RequestHandler
     _local_waiters: int
+    _on_writer_closed: Callable[[list[str]], None] | None
 
     def _close_listener(self) -> None:
         if self._listener is not None:
@@ -277,10 +280,10 @@ class ServeLoop:
             return
         except OSError as exc:
             log.debug("store client %s: %s", conn.who, exc)
-            self._drop(conn)
+            self._drop(conn, peer_gone=True)
             return
         if not data:
-            self._drop(conn)
+            self._drop(conn, peer_gone=True)
             return
         conn.inbuf += data
         self._run_requests(conn)
@@ -317,7 +320,7 @@ class ServeLoop:
                     sent = 0
                 except OSError as exc:
                     log.debug("store client %s: %s", conn.who, exc)
-                    self._drop(conn)
+                    self._drop(conn, peer_gone=True)
                     return
                 del conn.outbuf[:sent]
             if conn.paused and len(conn.outbuf) <= OUTPUT_LOW_WATER:
@@ -343,11 +346,15 @@ class ServeLoop:
         while self._dirty:
             self._flush(self._dirty.pop())
 
-    def _drop(self, conn: Connection) -> None:
+    def _drop(self, conn: Connection, *, peer_gone: bool = False) -> None:
+        """Close ``conn``; ``peer_gone``: the peer closed it (or its end broke), not the server."""
         if conn.closed:
             return
         conn.closed = True
         self._requests.clear_wait(conn)
+        written = self._requests.writer_closed(conn)
+        if written and peer_gone:  # a connection the server closed (a bad request...) is no death
+            self._writer_gone(written)
         self._conns.discard(conn)
         self._dirty.discard(conn)
         self._handshaking.pop(conn, None)
@@ -370,6 +377,18 @@ class ServeLoop:
 
     def _validated(self, conn: Connection) -> None:
         self._handshaking.pop(conn, None)
+
+    def _writer_gone(self, raw_keys: list[bytes]) -> None:
+        """A client that was the last writer of tracked keys went away (lock held): tell the
+        owner of the hook, unless the server itself is closing (that is no client's death)."""
+        callback = self._on_writer_closed
+        if callback is None or self._stopping:
+            return
+        keys = [k.decode("utf-8", "replace").removeprefix(KEY_PREFIX) for k in raw_keys]
+        try:
+            callback(keys)
+        except Exception:  # the hook's bug must not take the store down
+            log.exception("store server: the closed-writer hook failed")
 
     def _written(self) -> None:
         if self._local_waiters:

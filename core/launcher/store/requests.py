@@ -90,6 +90,7 @@ class Connection:
         "must_auth",
         "authenticated",
         "nonces",
+        "written",
     )
 
     def __init__(self, sock: socket.socket, peer: object, ip: IPAddress | None) -> None:
@@ -106,6 +107,7 @@ class Connection:
         self.must_auth = False  # must prove the shared secret before anything else
         self.authenticated = False
         self.nonces: tuple[bytes, bytes] | None = None  # (client, server) once AUTH_HELLO came
+        self.written: set[bytes] | None = None  # tracked keys this connection wrote (see RequestHandler.track)
 
     @property
     def who(self) -> str:
@@ -132,6 +134,9 @@ class RequestHandler:
         self._table = table
         self._secret = secret
         self._validated = validated
+        #: Keys whose last writer is remembered (see :meth:`writer_closed`); ``None``: none.
+        self.track: Callable[[bytes], bool] | None = None
+        self._last_writer: dict[bytes, Connection] = {}
         self._handlers: dict[int, Callable[[Connection, Reader], None]] = {
             QueryType.VALIDATE: self._q_validate,
             QueryType.SET: self._q_set,
@@ -212,6 +217,27 @@ class RequestHandler:
             self._table.cancel(conn.waiter)
             conn.waiter = None
 
+    # ------------------------------------------------------------------ writers
+
+    def _wrote(self, conn: Connection, key: bytes) -> None:
+        """Remember ``conn`` as the last writer of ``key`` when ``key`` is tracked."""
+        if self.track is None or not self.track(key):
+            return
+        self._last_writer[key] = conn
+        if conn.written is None:
+            conn.written = set()
+        conn.written.add(key)
+
+    def writer_closed(self, conn: Connection) -> list[bytes]:
+        """``conn`` went away: the tracked keys it was the last writer of (raw), now forgotten."""
+        if not conn.written:
+            return []
+        mine = sorted(key for key in conn.written if self._last_writer.get(key) is conn)
+        for key in mine:
+            del self._last_writer[key]
+        conn.written = None
+        return mine
+
     # ------------------------------------------------------------------ request handlers
 
     def _q_validate(self, conn: Connection, r: Reader) -> None:
@@ -252,10 +278,12 @@ class RequestHandler:
     def _q_set(self, conn: Connection, r: Reader) -> None:
         key, value = r.key(), r.value()
         self._table.set(key, value)
+        self._wrote(conn, key)
 
     def _q_compare_set(self, conn: Connection, r: Reader) -> None:
         key, expected, desired = r.key(), r.value(), r.value()
         self._send(conn, pack_blob(self._table.compare_set(key, expected, desired)))
+        self._wrote(conn, key)
 
     def _q_get(self, conn: Connection, r: Reader) -> None:
         # The client waits for the key first; a missing key reads as empty, like torch's server.
@@ -265,6 +293,8 @@ class RequestHandler:
     def _q_add(self, conn: Connection, r: Reader) -> None:
         key, amount = r.key(), r.i64()
         self._send(conn, I64.pack(self._table.add(key, amount)))
+        if amount:  # add(key, 0) is how counters are read
+            self._wrote(conn, key)
 
     def _q_check(self, conn: Connection, r: Reader) -> None:
         keys = r.keys()
@@ -303,6 +333,7 @@ class RequestHandler:
         pairs = [(r.key(), r.value()) for _ in range(r.count())]
         for key, value in pairs:
             self._table.set(key, value)
+            self._wrote(conn, key)
 
     def _q_queue_push(self, conn: Connection, r: Reader) -> None:
         key, value = r.key(), r.value()

@@ -169,6 +169,7 @@ class StoreServer(ServeLoop):
         self._table = KeyTable(self._release, self._written)
         self._requests = RequestHandler(self._table, lambda: self._admission.secret, self._validated)
         self._local_waiters = 0  # threads blocked in LocalStore waits
+        self._on_writer_closed: Callable[[list[str]], None] | None = None
 
         self._store = LocalStore(self)
 
@@ -298,6 +299,26 @@ class StoreServer(ServeLoop):
             for ip in [ip for ip, at in self._knocks.items() if now - at > within]:
                 del self._knocks[ip]
             return frozenset(self._knocks)
+
+    def on_writer_closed(self, match: Callable[[str], bool] | None, callback: Callable[[list[str]], None]) -> None:
+        """Tie keys to the connection that last wrote them, as ZooKeeper ties ephemeral nodes to
+        a session: when a client connection closes (its process died, or it closed it),
+        ``callback(keys)`` gets the keys ``match`` accepts (client names) whose last write came
+        from that connection. In-process writes (:attr:`store`) have no connection and are never
+        reported; nor is anything when the server itself closes.
+
+        ``callback`` runs on the serving thread with the server's lock held: it must only hand
+        the keys on (to a thread of its own), never use this store. ``match=None`` stops it.
+        A connection that was cut off without closing (a pulled cable, a crashed host) is not
+        seen here: that remains the rendezvous heartbeat's job.
+        """
+
+        def track(raw: bytes) -> bool:
+            return match is not None and match(raw.decode("utf-8", "replace").removeprefix(KEY_PREFIX))
+
+        with self._lock:
+            self._requests.track = track if match is not None else None
+            self._on_writer_closed = callback if match is not None else None
 
     def discard_keys(self, keep_prefixes: tuple[str, ...] = ()) -> int:
         """Delete every key except those under ``keep_prefixes`` (keys as clients name them).

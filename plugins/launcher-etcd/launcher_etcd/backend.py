@@ -201,6 +201,7 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     store = EtcdStore(
         client, settings.prefix, lease_ttl=settings.lease_ttl, timeout=config.read_timeout, owned=owned_by_node
     )
+    store.parameters = params  # for the death notice a dead agent's watchdog runs
     # No master address: etcd cannot serve the workers' store, so group rank 0 names its own
     # address and a free port and its rank-0 worker serves it (torchrun's etcd backends do the same).
     return handler_over_store(store, effective_parameters(params))

@@ -205,6 +205,18 @@ class EtcdStore:
         self._marker = self._prefix + b".clients/" + uuid.uuid4().hex.encode()
         self._ops = itertools.count(1)
         self._closed = False
+        #: The rendezvous parameters this store serves (set by the backend), for :meth:`death_notice`.
+        self.parameters: Any = None
+
+    def death_notice(self, run_id: str, r: int, node: str, rank: int) -> list[str] | None:
+        """The command a dead agent's watchdog runs to report ``node`` gone from round ``r`` at
+        once and revoke this store's lease (:mod:`launcher_etcd.death_notice`); ``None`` until
+        the backend said which rendezvous this store serves (:attr:`parameters`)."""
+        if self.parameters is None or self.parameters.run_id != run_id:
+            return None
+        from launcher_etcd.death_notice import notice_argv
+
+        return notice_argv(self.parameters, r, node, rank, self.lease.granted)
 
     @property
     def client(self) -> EtcdClient:
