@@ -1,7 +1,8 @@
 """The ``launcher`` command (and ``python -m launcher``).
 
 ``launcher [torchrun flags] script [args]`` runs a job; ``launcher plugins [--json]`` lists the
-installed plugins; ``launcher stacks PID|LOGDIR`` prints a running job's stacks. Invalid input
+installed plugins; ``launcher stacks PID|LOGDIR`` prints a running job's stacks; ``launcher status
+PID|LOGDIR`` shows its ranks. Invalid input
 ends with one line on stderr and exit status 2 before anything starts; a failed job ends with a
 failure report and a non-zero status.
 """
@@ -90,6 +91,10 @@ def run(argv: Sequence[str]) -> int:
         from launcher.hangs.ondemand import stacks_command
 
         return stacks_command(argv[1:])
+    if list(argv[:1]) == ["status"]:  # launcher status PID|LOGDIR: a running job's ranks (launcher.status)
+        from launcher.status.command import status_command
+
+        return status_command(argv[1:])
     args = parse_args(argv)
     from launcher.agent.cgroups import warm_up
     from launcher.agent.watchdog import Watchdog

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.hangs import cluster, ondemand, stacks
 from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_PID_ENV, HEARTBEAT_SLOT_ENV
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
-from launcher.hangs.watch import HangWatch, HeartbeatTable
+from launcher.hangs.watch import HangWatch, HeartbeatTable, RankProgress
 from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import RendezvousError
 from launcher.store.api import StoreError
@@ -263,6 +263,11 @@ class HangMonitor:
         self.report = None  # not a hang: the job goes on
         _print(report)
         return report
+
+    def progress(self) -> list[RankProgress]:
+        """Every local rank's progress now, for ``launcher status`` (empty between attempts)."""
+        watch = self._watch
+        return watch.progress() if watch is not None else []
 
     def hung_slots(self) -> list[WorkerSlot]:
         """The local workers named hung in the last report (all of them when none is)."""
