@@ -163,7 +163,9 @@ class StatusPublisher:
         return {
             "schema": SCHEMA_VERSION,
             "run_id": plan.run_id,
-            "node": plan.node,
+            # The rendezvous's id of the node (names it in failure and hang reports too): unique
+            # where hosts share a name, as containers and namespaces often do.
+            "node": info.participants[info.group_rank] if info.group_rank < len(info.participants) else plan.node,
             "group_rank": info.group_rank,
             "group_world_size": info.group_world_size,
             "round": info.round,

@@ -175,8 +175,10 @@ def job_status(target: str, *, cpu_sample: float = CPU_SAMPLE_S) -> dict[str, An
             "nodes": int(local["group_world_size"]),
             "world_size": len(ranks) if not missing else None,
             "round": local["round"],
-            "restarts_used": local["restarts_used"],
-            "restarts_left": local["restarts_left"],
+            # Each node counts its own: one that re-formed because another failed, or because a
+            # node joined, used none. The job has used what its most charged node used.
+            "restarts_used": max(int(doc["restarts_used"]) for doc in [local, *others]),
+            "restarts_left": min(int(doc["restarts_left"]) for doc in [local, *others]),
             "max_restarts": local["max_restarts"],
             "elapsed_s": round(max(0.0, now - started), 3),
             "hung_ranks": [r["rank"] for r in ranks if r["state"] == "hung"],
