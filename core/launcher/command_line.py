@@ -217,6 +217,8 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         hang_timeout=parse_hang_timeout(args.hang_timeout, name("hang_timeout")),
         hang_watch=args.hang_watch,
         preload=_preload(args, name("preload")),
+        # -- metrics (issue 30, launcher.status.metrics) --
+        metrics_port=_metrics_port(args.metrics_port, name("metrics_port")),
         # -- health checks (issue 26, launcher.health) --
         health_checks=_health_checks(args.health_checks, name("health_checks")),
         health_check_cmd=_health_check_cmd(args.health_check_cmd, name("health_check_cmd")),
@@ -251,3 +253,12 @@ def _std_for(spec: StdSpec, flag: str, nproc: int) -> StdSpec:
     """``spec`` after checking its local ranks against this node's worker count."""
     check_std(spec, flag, nproc)
     return spec
+
+
+# -- metrics (issue 30, launcher.status.metrics) --
+def _metrics_port(value: str | None, name: str) -> int | None:
+    if value is None or not value.strip():
+        return None
+    from launcher.status.metrics import parse_metrics_port
+
+    return parse_metrics_port(value, name)

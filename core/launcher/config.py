@@ -87,6 +87,9 @@ class LaunchConfig:
     hang_watch: str = "heartbeat"
     #: ``--preload``: modules a per-node template imports once, workers forked from it (launcher.agent.preload).
     preload: tuple[str, ...] = ()
+    # -- metrics (issue 30, launcher.status.metrics) --
+    #: ``--metrics-port``: serve Prometheus metrics on this port (0: any free one; ``None``: off).
+    metrics_port: int | None = None
     # -- health checks (issue 26, launcher.health) --
     #: ``--health-checks``: check names, ``"none"``, or ``None`` for the default checks.
     health_checks: str | Sequence[str] | None = None
@@ -133,6 +136,11 @@ class LaunchConfig:
 
         self.hang_timeout = parse_hang_timeout(self.hang_timeout)
         self.hang_watch = parse_hang_watch(self.hang_watch)
+        if self.metrics_port is not None:  # -- metrics (issue 30, launcher.status.metrics) --
+            from launcher.status.metrics import check_port, parse_metrics_port
+
+            self.metrics_port = parse_metrics_port(self.metrics_port)
+            check_port(self.metrics_port or 0)  # a port in use: one line, exit 2, before anything starts
         from launcher.health.settings import check_health_config  # health checks (issue 26)
 
         check_health_config(self)

@@ -292,6 +292,10 @@ def build_parser() -> _Parser:
     add("--preload", action=_EnvDefault, default="",
         help="Comma list of modules ('torch', ...) that a template process imports once per node; every "
         "worker, at each start and restart, is forked from it instead of importing them again (default: none).")
+    # -- metrics (issue 30, launcher.status.metrics) --
+    add(*_flag("--metrics-port"), action=_EnvDefault, default=None,
+        help="Serve this node's state in Prometheus's text format on http://HOST:PORT/metrics, labels job, node "
+        "and rank; 0 picks a free port and logs it (default: off).")
     # -- health checks (issue 26, launcher.health) --
     add(*_flag("--health-checks"), action=_EnvDefault, default=None,
         help="Checks run before each round this node joins, comma list, or none (default: every built-in that "

@@ -153,6 +153,8 @@ class LaunchPlan:
     device_provider: DeviceProvider | None
     #: The health checks before each round (launcher.health); ``None``: ``--health-checks none``.
     health: HealthPlan | None = None
+    #: ``--metrics-port`` (launcher.status.metrics): checked free by the config, served once the workers run.
+    metrics_port: int | None = None
 
 
 def build_plan(
@@ -214,6 +216,7 @@ def build_plan(
         hangs=HangPlan(config.hang_timeout, config.hang_watch == "output") if config.hang_timeout else None,
         device_provider=device_provider,
         health=_health_plan(config, manager, entry, base_env, node, device_provider),
+        metrics_port=config.metrics_port,
     )
 
 

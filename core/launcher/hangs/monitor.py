@@ -100,6 +100,8 @@ class HangMonitor:
         self._dumps = 0
         #: The report of the last hang (``None`` until one happens).
         self.report: HangReport | None = None
+        #: Hangs diagnosed in this job so far (not dumps on demand), for ``--metrics-port``.
+        self.hangs_seen = 0
 
     @classmethod
     def create(cls, config: LaunchConfig, node: str, *, log_dir: Callable[[], str | None] | None = None,
@@ -301,6 +303,7 @@ class HangMonitor:
 
     def _diagnose(self, alarm: dict[str, Any], *, local_only: bool = False) -> HangReport:
         assert self._watch is not None and self._group is not None
+        self.hangs_seen += 0 if local_only else 1
         started = time.monotonic()
         targets = []
         allowed: dict[int, set[int]] = {}

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.hangs.monitor import HangMonitor
     from launcher.plan import LaunchPlan
     from launcher.rendezvous.api import RendezvousInfo
+    from launcher.status.metrics import MetricsServer
     from launcher.store.client import TCPStoreClient
 
 log = logging.getLogger("launcher.status")
@@ -70,6 +71,9 @@ class StatusPublisher:
         pid = os.getpid()
         self._agent = {"pid": pid, "start_ticks": start_ticks(pid), "started_at": started_at(pid) or time.time()}
         self._thread: threading.Thread | None = None
+        self._latest: dict[str, Any] | None = None
+        self._metrics: MetricsServer | None = None
+        self._metrics_port: int | None = None
 
     def attach(self, group: WorkerGroup, info: RendezvousInfo, restarts_used: int) -> StatusPublisher:
         """The workers of a new round run: publish them now, then every interval; ``self``.
@@ -97,6 +101,8 @@ class StatusPublisher:
             doc = self._document(ended={"exit_code": exit_code, "at": round(time.time(), 3)})
             if doc is not None:
                 self._write(doc)
+        if self._metrics is not None:
+            self._metrics.close()
         if self._store is not None:
             self._store.close()
         if self._link is not None:
@@ -107,9 +113,25 @@ class StatusPublisher:
 
             shutil.rmtree(self._private_dir, ignore_errors=True)
 
+    def _serve_metrics(self, port: int) -> None:
+        from launcher.status.metrics import MetricsServer
+
+        hangs = self._hangs
+        try:
+            self._metrics = MetricsServer(port, lambda: self._latest, lambda: hangs.hangs_seen if hangs else 0)
+        except OSError as exc:  # taken since the plan checked it: the job goes on without metrics
+            log.warning("cannot serve metrics on port %d: %s; the job goes on without them", port, exc)
+            return
+        self._metrics_port = self._metrics.port
+        # Said where it is seen by default when the kernel chose the port: nobody else knows it.
+        (log.warning if port == 0 else log.info)("metrics on http://%s:%d/metrics", self._plan.node,
+                                                 self._metrics.port)
+
     # -- the thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._plan.metrics_port is not None:  # here, not in attach(): the main loop waits for none of it
+            self._serve_metrics(self._plan.metrics_port)
         while True:
             self._wake.wait(self._interval)
             self._wake.clear()
@@ -118,6 +140,7 @@ class StatusPublisher:
             try:
                 doc = self._document()
                 if doc is not None:
+                    self._latest = doc
                     self._write(doc)
                     self._publish_to_store(doc)
             except Exception:  # never let the job's view take the job down
@@ -176,6 +199,7 @@ class StatusPublisher:
             "agent": self._agent,
             "store": {"host": info.master_addr, "port": info.master_port} if info.group_world_size > 1 else None,
             "interval_s": self._interval,
+            "metrics_port": self._metrics_port,
             "updated_at": round(time.time(), 3),
             "ended": ended,
             "ranks": ranks,
