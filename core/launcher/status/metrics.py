@@ -141,8 +141,9 @@ class MetricsServer:
                 pass  # listen() already listens
 
         self._server = Server(("", port), Handler)
+        # serve_forever() notices shutdown() at its next poll: 0.1 s is what the job's end may wait.
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="launcher-metrics", daemon=True)
         self._thread.start()
 

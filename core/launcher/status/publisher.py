@@ -95,19 +95,24 @@ class StatusPublisher:
         """Stop publishing; leave a last record that says the job ended, and how."""
         self._stopping = True
         self._wake.set()
+        store = self._store
+        if store is not None:
+            store.close()  # interrupts a store call the thread is in: the job's end waits for none
         if self._thread is not None:
-            self._thread.join(timeout=10.0)
+            # Bounded: a thread still connecting to a store that went away with the round (a few
+            # seconds at most) is a daemon, and writes nothing once it sees _stopping.
+            self._thread.join(timeout=2.0)
         with contextlib.suppress(Exception):
             doc = self._document(ended={"exit_code": exit_code, "at": round(time.time(), 3)})
             if doc is not None:
                 self._write(doc)
         if self._metrics is not None:
             self._metrics.close()
-        if self._store is not None:
-            self._store.close()
         if self._link is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self._link)
+            with contextlib.suppress(OSError):  # the last agent out leaves nothing in $TMPDIR
+                os.rmdir(os.path.dirname(self._link))
         if self._private_dir is not None:
             import shutil
 
@@ -139,7 +144,7 @@ class StatusPublisher:
                 return
             try:
                 doc = self._document()
-                if doc is not None:
+                if doc is not None and not self._stopping:
                     self._latest = doc
                     self._write(doc)
                     self._publish_to_store(doc)
@@ -217,7 +222,7 @@ class StatusPublisher:
     def _write(self, doc: dict[str, Any]) -> None:
         path = self._path or self._status_path()
         data = json.dumps(doc, separators=(",", ":")).encode()
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # the last write comes from close()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, data)
@@ -242,15 +247,19 @@ class StatusPublisher:
         """Link ``path`` under this agent's pid, for ``launcher status PID``."""
         directory = registry_dir()
         link = os.path.join(directory, str(os.getpid()))
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(link)  # a pid reused from an agent that was killed
-            os.symlink(os.path.abspath(path), link)
-        except OSError as exc:
-            log.debug("cannot register the status file under the pid: %s", exc)
-            return None
-        return link
+        for _ in range(3):  # another agent's close() may remove the directory, once empty, meanwhile
+            try:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(link)  # a pid reused from an agent that was killed
+                os.symlink(os.path.abspath(path), link)
+                return link
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.debug("cannot register the status file under the pid: %s", exc)
+                return None
+        return None
 
     def _publish_to_store(self, doc: dict[str, Any]) -> None:
         store = doc["store"]
@@ -264,9 +273,12 @@ class StatusPublisher:
                     self._store = None
                 from launcher.store.client import TCPStoreClient
 
-                self._store = TCPStoreClient(address[0], address[1], timeout=STORE_TIMEOUT,
-                                             connect_timeout=STORE_TIMEOUT, refused_timeout=1.0)
-                self._store_address = address
+                store = TCPStoreClient(address[0], address[1], timeout=STORE_TIMEOUT,
+                                       connect_timeout=STORE_TIMEOUT, refused_timeout=1.0)
+                if self._stopping:
+                    store.close()
+                    return
+                self._store, self._store_address = store, address
             self._store.set(store_key(doc["run_id"], doc["group_rank"]), json.dumps(doc).encode())
         except Exception as exc:  # the round's store goes away when the round ends
             log.debug("cannot publish the status to the store: %s", exc)
