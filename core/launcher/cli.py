@@ -2,7 +2,7 @@
 
 ``launcher [torchrun flags] script [args]`` runs a job; ``launcher plugins [--json]`` lists the
 installed plugins; ``launcher stacks PID|LOGDIR`` prints a running job's stacks; ``launcher status
-PID|LOGDIR`` shows its ranks. Invalid input
+PID|LOGDIR`` shows its ranks; ``launcher bundle LOGDIR`` packs a failed job's evidence. Invalid input
 ends with one line on stderr and exit status 2 before anything starts; a failed job ends with a
 failure report and a non-zero status.
 """
@@ -95,6 +95,10 @@ def run(argv: Sequence[str]) -> int:
         from launcher.status.command import status_command
 
         return status_command(argv[1:])
+    if list(argv[:1]) == ["bundle"]:  # launcher bundle LOGDIR: a failed job's evidence in one archive
+        from launcher.status.bundle import bundle_command
+
+        return bundle_command(argv[1:])
     args = parse_args(argv)
     from launcher.agent.cgroups import warm_up
     from launcher.agent.watchdog import Watchdog
