@@ -118,3 +118,18 @@ def test_bad_targets_and_flags_are_one_line_each(tmp_path):
     result = status(str(os.getpid()))
     assert result.returncode == 1 and "is not a launcher agent" in result.stderr, result
     assert len(result.stderr.splitlines()) == 1, result
+
+
+@pytest.mark.timeout(120)
+def test_a_job_whose_agent_was_killed_is_not_shown_as_running(start_job, tmp_path):
+    # Its own TMPDIR: the pid link a killed agent leaves behind stays in the test's directory.
+    job = start_job(env={"TMPDIR": str(tmp_path)})
+    job.pids()
+    wait_for(lambda: status(job.log_dir).returncode == 0, "a status")
+    job.process.kill()  # SIGKILL: the agent writes no last record; its watchdog ends the workers
+    job.process.wait(timeout=30)
+    for target in (job.log_dir, str(job.process.pid)):
+        result = status(target)
+        assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result
+    result = status(job.log_dir)
+    assert f"its agent (pid {job.process.pid}) is gone without saying how it ended" in result.stderr, result
