@@ -121,9 +121,8 @@ def test_bad_targets_and_flags_are_one_line_each(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_job_whose_agent_was_killed_is_not_shown_as_running(start_job, tmp_path):
-    # Its own TMPDIR: the pid link a killed agent leaves behind stays in the test's directory.
-    job = start_job(env={"TMPDIR": str(tmp_path)})
+def test_a_job_whose_agent_was_killed_is_not_shown_as_running(start_job):
+    job = start_job()
     job.pids()
     wait_for(lambda: status(job.log_dir).returncode == 0, "a status")
     job.process.kill()  # SIGKILL: the agent writes no last record; its watchdog ends the workers

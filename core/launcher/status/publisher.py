@@ -3,7 +3,8 @@
 A daemon thread, started once the first workers run (so the first worker waits for nothing
 new), writes :data:`~launcher.status.settings.STATUS_FILE` into the run log directory (written
 to a temporary name and renamed over the old one, so a reader never sees half a document) and
-links it under the agent's pid in :func:`~launcher.status.settings.registry_dir`. On a multi-node
+keeps that directory open (close-on-exec), so ``launcher status PID`` finds it among the agent's
+descriptors in ``/proc/PID/fd``: nothing to clean up, even after a SIGKILL. On a multi-node
 job it also writes the same record to the round's workers' store, one key per node
 (:func:`~launcher.status.settings.store_key`): every node's agent can reach that store (it is
 admitted by address, as the workers are), and so can ``launcher status`` run on any node of the
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.plugins.types import run_log_dir
 from launcher.status.procfs import CpuMeter, start_ticks, started_at
-from launcher.status.settings import PUBLISH_INTERVAL, SCHEMA_VERSION, STATUS_FILE, registry_dir, store_key
+from launcher.status.settings import PUBLISH_INTERVAL, SCHEMA_VERSION, STATUS_FILE, store_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
@@ -66,7 +67,7 @@ class StatusPublisher:
         self._store: TCPStoreClient | None = None
         self._store_address: tuple[str, int] | None = None
         self._path: str | None = None
-        self._link: str | None = None
+        self._dir_fd: int | None = None  # the status file's directory, open for `launcher status PID`
         self._private_dir: str | None = None
         pid = os.getpid()
         self._agent = {"pid": pid, "start_ticks": start_ticks(pid), "started_at": started_at(pid) or time.time()}
@@ -108,11 +109,9 @@ class StatusPublisher:
                 self._write(doc)
         if self._metrics is not None:
             self._metrics.close()
-        if self._link is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._link)
-            with contextlib.suppress(OSError):  # the last agent out leaves nothing in $TMPDIR
-                os.rmdir(os.path.dirname(self._link))
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
         if self._private_dir is not None:
             import shutil
 
@@ -229,8 +228,9 @@ class StatusPublisher:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        if self._link is None:
-            self._link = self._register(path)
+        if self._dir_fd is None:
+            # Close-on-exec: workers do not inherit it. It dies with the agent, however it ends.
+            self._dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def _status_path(self) -> str:
         logs_specs = self._plan.logs_specs
@@ -241,25 +241,6 @@ class StatusPublisher:
             directory = self._private_dir = make_private_dir("launcher_status_")
         self._path = os.path.join(directory, STATUS_FILE)
         return self._path
-
-    @staticmethod
-    def _register(path: str) -> str | None:
-        """Link ``path`` under this agent's pid, for ``launcher status PID``."""
-        directory = registry_dir()
-        link = os.path.join(directory, str(os.getpid()))
-        for _ in range(3):  # another agent's close() may remove the directory, once empty, meanwhile
-            try:
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(link)  # a pid reused from an agent that was killed
-                os.symlink(os.path.abspath(path), link)
-                return link
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.debug("cannot register the status file under the pid: %s", exc)
-                return None
-        return None
 
     def _publish_to_store(self, doc: dict[str, Any]) -> None:
         store = doc["store"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from launcher.errors import LaunchError, UsageError
 from launcher.status.procfs import sample_cpu, start_ticks
-from launcher.status.settings import CPU_SAMPLE_S, SCHEMA_VERSION, STATUS_FILE, registry_dir, store_key
+from launcher.status.settings import CPU_SAMPLE_S, SCHEMA_VERSION, STATUS_FILE, store_key
 from launcher.values import quote
 
 USAGE = "usage: launcher status PID|LOGDIR [--json] [--watch] [--interval SECONDS]"
@@ -47,23 +47,27 @@ def status_files(target: str) -> list[str]:
 
 
 def _file_of_pid(pid: int) -> str:
-    tmpdir = None
+    """The status file of the agent ``pid``: in the directory it keeps open (see
+    :mod:`launcher.status.publisher`), found among its descriptors."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            for item in handle.read().split(b"\0"):
-                if item.startswith(b"TMPDIR="):
-                    tmpdir = os.fsdecode(item[7:])
+        descriptors = os.listdir(f"/proc/{pid}/fd")
     except FileNotFoundError:
         raise JobNotRunning(f"no process has pid {pid}: no job to show") from None
-    except OSError:
-        pass  # another user's process: its registry would not be readable either
-    link = os.path.join(registry_dir(tmpdir), str(pid))
-    if not os.path.isfile(link):
-        raise JobNotRunning(
-            f"process {pid} is not a launcher agent whose workers run (give the pid of the "
-            "`launcher` process, or the job's log directory)"
-        )
-    return os.path.realpath(link)
+    except OSError as exc:
+        raise JobNotRunning(f"cannot look into process {pid} ({exc.strerror or exc}): give the job's log "
+                            "directory instead") from None
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{descriptor}")
+        except OSError:
+            continue  # closed meanwhile
+        path = os.path.join(target, STATUS_FILE)
+        if target.startswith("/") and os.path.isfile(path):
+            return path
+    raise JobNotRunning(
+        f"process {pid} is not a launcher agent whose workers run (give the pid of the "
+        "`launcher` process, or the job's log directory)"
+    )
 
 
 def load(path: str) -> dict[str, Any] | None:

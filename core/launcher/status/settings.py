@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 #: The version of the status documents (the node file, the store record and ``--json``).
 SCHEMA_VERSION = 1
 #: The agent's status, in its run log directory (replaced atomically at each publish).
@@ -20,11 +17,3 @@ CPU_SAMPLE_S = 0.25
 def store_key(run_id: str, group_rank: int) -> str:
     """The key under which the node of ``group_rank`` publishes its status in the workers' store."""
     return f"launcher/status/{run_id}/node/{group_rank}"
-
-
-def registry_dir(tmpdir: str | None = None) -> str:
-    """The per-user directory where each running agent links its status file under its pid, so
-    that ``launcher status PID`` finds it. ``tmpdir``: the agent's ``TMPDIR`` (the reader takes it
-    from ``/proc/PID/environ``, so both look in the same place)."""
-    base = tmpdir or tempfile.gettempdir()
-    return os.path.join(base, f"launcher-status-{os.getuid()}")
