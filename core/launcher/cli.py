@@ -1,7 +1,8 @@
 """The ``launcher`` command (and ``python -m launcher``).
 
 ``launcher [torchrun flags] script [args]`` runs a job; ``launcher plugins [--json]`` lists the
-installed plugins; ``launcher stacks PID|LOGDIR`` prints a running job's stacks. Invalid input
+installed plugins; ``launcher stacks PID|LOGDIR`` prints a running job's stacks; ``launcher status
+PID|LOGDIR`` shows its ranks; ``launcher bundle LOGDIR`` packs a failed job's evidence. Invalid input
 ends with one line on stderr and exit status 2 before anything starts; a failed job ends with a
 failure report and a non-zero status.
 """
@@ -102,6 +103,14 @@ def run(argv: Sequence[str]) -> int:
         from launcher.hangs.ondemand import stacks_command
 
         return stacks_command(argv[1:])
+    if list(argv[:1]) == ["status"]:  # launcher status PID|LOGDIR: a running job's ranks (launcher.status)
+        from launcher.status.command import status_command
+
+        return status_command(argv[1:])
+    if list(argv[:1]) == ["bundle"]:  # launcher bundle LOGDIR: a failed job's evidence in one archive
+        from launcher.status.bundle import bundle_command
+
+        return bundle_command(argv[1:])
     # The watchdog's interpreter boots on the core the agent leaves idle while it loads the
     # plugins (which may add flags, so they come before the command line is read) and builds its
     # plan. Not for --help or --version, which start nothing.

@@ -155,6 +155,8 @@ class LaunchPlan:
     health: HealthPlan | None = None
     #: Every flag group's settings object by group name, a plugin's included (read-only).
     settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: ``--metrics-port`` (launcher.status.metrics): checked free by the config, served once the workers run.
+    metrics_port: int | None = None
 
 
 def build_plan(
@@ -217,7 +219,15 @@ def build_plan(
         device_provider=device_provider,
         settings=MappingProxyType(dict(config.settings)),
         health=_health_plan(config, manager, entry, base_env, node, device_provider),
+        metrics_port=_metrics_port(config),
     )
+
+
+def _metrics_port(config: LaunchConfig) -> int | None:
+    """``settings["metrics"]`` (``--metrics-port``, or the API's
+    :func:`~launcher.status.settings.metrics_settings`): the port, ``None`` when off."""
+    metrics = config.settings.get("metrics")
+    return metrics.port if metrics is not None else None
 
 
 def _health_plan(config: LaunchConfig, manager: LauncherPluginManager, entry: Entrypoint, base_env: Mapping[str, str],

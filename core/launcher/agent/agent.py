@@ -83,6 +83,7 @@ class Agent:
         self._report = NodeReporter(plan, self._emit)
         self._preload: Preloader | None = None  # --preload
         self._health = HealthGate(plan, self._emit)  # checks before each round (launcher.health)
+        self._status: Any = None  # launcher.status's StatusPublisher, from the first start
 
     def _emit(self, event_type: str, **data: Any) -> None:
         if self._events is not None:
@@ -105,6 +106,7 @@ class Agent:
             stack.callback(lambda: self._finish_logs(result.exit_code == 0))
             self._events = plan.events.open()
             stack.callback(self._close_events)
+            stack.callback(lambda: self._status.close(result.exit_code) if self._status is not None else None)
             if plan.hangs is not None:
                 self._hangs = self._hang_monitor(plan)
                 stack.callback(self._hangs.close)
@@ -113,7 +115,7 @@ class Agent:
                 from launcher.hangs.ondemand import explain_dump_signal
 
                 stack.callback(explain_dump_signal(list(plan.signals)))
-            stack.callback(self._close_oom_watch)
+            stack.callback(lambda: self._oom_watch.close() if self._oom_watch is not None else None)
             watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)
             pump = OutputPump()
@@ -175,10 +177,6 @@ class Agent:
                     handler.set_closed()
         with contextlib.suppress(Exception):
             handler.shutdown()
-
-    def _close_oom_watch(self) -> None:
-        if self._oom_watch is not None:
-            self._oom_watch.close()
 
     def _close_events(self) -> None:
         if self._events is not None:
@@ -255,6 +253,9 @@ class Agent:
                 reform_blocked,
                 regrouping_for_joiners,
             )
+            from launcher.status.publisher import StatusPublisher
+
+            self._status = (self._status or StatusPublisher(plan, self._hangs)).attach(group, info, self._restart_count)
 
             arm_death_notice(handler, watchdog)
             outcome, failed = self._watch(group, handler, info)

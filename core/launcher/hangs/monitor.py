@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.hangs import cluster, ondemand, stacks
 from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_PID_ENV, HEARTBEAT_SLOT_ENV
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
-from launcher.hangs.watch import HangWatch, HeartbeatTable
+from launcher.hangs.watch import HangWatch, HeartbeatTable, RankProgress
 from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import RendezvousError
 from launcher.store.api import StoreError
@@ -99,6 +99,8 @@ class HangMonitor:
         self._dumps = 0
         #: The report of the last hang (``None`` until one happens).
         self.report: HangReport | None = None
+        #: Hangs diagnosed in this job so far (not dumps on demand), for ``--metrics-port``.
+        self.hangs_seen = 0
 
     # -- per attempt ---------------------------------------------------------------------------
 
@@ -252,6 +254,11 @@ class HangMonitor:
         _print(report)
         return report
 
+    def progress(self) -> list[RankProgress]:
+        """Every local rank's progress now, for ``launcher status`` (empty between attempts)."""
+        watch = self._watch
+        return watch.progress() if watch is not None else []
+
     def hung_slots(self) -> list[WorkerSlot]:
         """The local workers named hung in the last report (all of them when none is)."""
         if self._group is None:
@@ -284,6 +291,7 @@ class HangMonitor:
 
     def _diagnose(self, alarm: dict[str, Any], *, local_only: bool = False) -> HangReport:
         assert self._watch is not None and self._group is not None
+        self.hangs_seen += 0 if local_only else 1
         started = time.monotonic()
         targets = []
         allowed: dict[int, set[int]] = {}

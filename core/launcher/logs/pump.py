@@ -224,6 +224,7 @@ class OutputPump:
         return b"".join(parts) if len(parts) > 1 else chunk
 
     def _deliver(self, stream: PumpedStream, chunk: bytes) -> None:
+        stream.newlines += chunk.count(b"\n")  # memchr speed: free beside the copy the read made
         if stream.route.on_output is not None:
             stream.route.on_output()
         if stream.raw_file is not None:

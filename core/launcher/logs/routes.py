@@ -91,6 +91,8 @@ class PumpedStream:
     sink: SinkWriter | None = None
     console_fd: int | None = None
     filtered_file: BinaryIO | None = None
+    #: Newlines read so far (``launcher status`` shows the rate).
+    newlines: int = 0
 
     def __post_init__(self) -> None:
         route = self.route

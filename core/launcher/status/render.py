@@ -1,0 +1,62 @@
+"""``launcher status`` as text: a header with the job, one row per rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS = ("NODE", "RANK", "LOCAL", "PID", "STATE", "RESTARTS", "HEARTBEAT", "LINES/S", "CPU%", "RSS")
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024  # type: ignore[assignment]
+    return "-"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s ago"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _elapsed(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def render(status: dict[str, Any]) -> str:
+    """The text ``launcher status`` prints for one ``--json`` document."""
+    job = status["job"]
+    found = len(status["nodes"])
+    world = job["world_size"] if job["world_size"] is not None else f"{len(status['ranks'])}+"
+    lines = [
+        f"job {job['run_id']}: {found} of {job['nodes']} node(s), world size {world}, round {job['round']}, "
+        f"restarts {job['restarts_used']} used / {job['restarts_left']} left, elapsed {_elapsed(job['elapsed_s'])}"
+    ]
+    if job["hung_ranks"]:
+        lines.append(f"hung ranks: {', '.join(map(str, job['hung_ranks']))}")
+    if job["failed_ranks"]:
+        lines.append(f"failed ranks: {', '.join(map(str, job['failed_ranks']))}")
+    if status["missing_nodes"]:
+        why = f" ({status['store_problem']})" if status["store_problem"] else ""
+        lines.append(f"no status yet from the node(s) with group rank {', '.join(map(str, status['missing_nodes']))}"
+                     f"{why}")
+    rows = [COLUMNS]
+    for rank in status["ranks"]:
+        state = rank["state"] if rank["exit_code"] in (None, 0) else f"{rank['state']} ({rank['exit_code']})"
+        rows.append((
+            str(rank["node"]), str(rank["rank"]), str(rank["local_rank"]), str(rank["pid"] or "-"), state,
+            str(rank["restarts"]), _seconds(rank["heartbeat_age_s"]), _number(rank["lines_per_s"]),
+            _number(rank["cpu_percent"]), _size(rank["rss_bytes"]),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines) + "\n"

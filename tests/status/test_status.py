@@ -1,0 +1,134 @@
+"""``launcher status`` against real jobs on this machine: the rows, ``--json`` against the
+documented schema, a restart, a job that ended, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import LAUNCHER, launcher_env
+from tests.status.jobs import status, wait_for
+from tests.status.schema_check import errors, schema_from_doc
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "status.md"
+
+def status_json(target: str | Path, until: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    """The first ``--json`` document of ``target`` for which ``until`` holds."""
+    def attempt() -> dict[str, Any] | None:
+        result = status(target, "--json")
+        if result.returncode != 0:
+            return None
+        doc = dict(json.loads(result.stdout))
+        return doc if until(doc) else None
+
+    return dict(wait_for(attempt, what))
+
+
+@pytest.mark.timeout(120)
+def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
+    job = start_job()
+    pids = job.pids()
+    # By the log directory: the header and one row per rank, with its pid and state.
+    text = wait_for(lambda: (r := status(job.log_dir)).returncode == 0 and r.stdout, "a status")
+    lines = text.splitlines()
+    assert "world size 2" in lines[0] and "restarts 0 used / 0 left" in lines[0], text
+    assert lines[1].split()[:5] == ["NODE", "RANK", "LOCAL", "PID", "STATE"], text
+    rows = {int(line.split()[1]): line.split() for line in lines[2:]}
+    assert sorted(rows) == [0, 1], text
+    for rank, pid in pids.items():
+        assert rows[rank][3:5] == [str(pid), "running"], text
+    # By the agent's pid, as JSON: the documented schema, and the live figures filled in once the
+    # agent published twice (the line rate needs two counts).
+    doc = status_json(str(job.process.pid), lambda d: all(r["lines_per_s"] for r in d["ranks"]), "line rates")
+    assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
+    assert doc["job"]["world_size"] == 2 and doc["job"]["nodes"] == 1, doc
+    states = [(r["rank"], r["pid"], r["state"]) for r in doc["ranks"]]
+    assert states == [(0, pids[0], "running"), (1, pids[1], "running")], doc
+    for rank in doc["ranks"]:
+        assert rank["rss_bytes"] > 1 << 20 and rank["cpu_percent"] is not None, doc
+        assert rank["heartbeat_age_s"] is not None and rank["heartbeat_age_s"] < 60, doc
+        assert rank["lines_per_s"] > 0, doc
+    assert doc["nodes"][0]["agent_pid"] == job.process.pid and doc["nodes"][0]["local"] is True, doc
+    code, stderr = job.finish()
+    assert code == 0, stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_changes_the_restart_count_and_the_pids(start_job):
+    job = start_job(["--max-restarts", "2"], {"FAIL_FIRST": "1"})
+    pids = job.pids(attempt=1)
+    doc = status_json(job.log_dir, lambda d: d["job"]["restarts_used"] == 1, "the restart in the status")
+    assert doc["job"]["restarts_left"] == 1 and doc["job"]["max_restarts"] == 2, doc
+    assert {r["rank"]: (r["pid"], r["restarts"], r["state"]) for r in doc["ranks"]} == {
+        0: (pids[0], 1, "running"), 1: (pids[1], 1, "running")}, doc
+    assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
+    code, stderr = job.finish()
+    assert code == 0, stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_job_that_ended_is_one_line_and_exit_1(start_job):
+    job = start_job()
+    job.pids()
+    wait_for(lambda: status(job.log_dir).returncode == 0, "a status")
+    watch = subprocess.Popen([*LAUNCHER, "status", str(job.log_dir), "--watch", "--interval", "0.5"],
+                             env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        code, stderr = job.finish()
+        assert code == 0, stderr
+        out, err = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    # --watch printed views while the job ran, then the end, and stopped by itself.
+    assert watch.returncode == 0 and out.count("NODE  RANK") >= 1, (out, err)
+    assert out.rstrip().splitlines()[-1].startswith("launcher: job "), out
+    assert "ended" in out.rstrip().splitlines()[-1], out
+    for target in (job.log_dir, str(job.process.pid)):
+        result = status(target)
+        assert result.returncode == 1 and result.stdout == "", result
+        assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result
+    assert "ended" in status(job.log_dir).stderr and "exit status 0" in status(job.log_dir).stderr
+
+
+def test_bad_targets_and_flags_are_one_line_each(tmp_path):
+    (tmp_path / "empty").mkdir()
+    cases = {
+        (str(tmp_path / "empty"),): (2, "is not a launcher job's log directory"),
+        (str(tmp_path / "missing"),): (2, "is neither a pid nor a directory"),
+        (str(tmp_path), "--bogus"): (2, "unknown argument '--bogus'"),
+        (str(tmp_path), "--interval", "soon"): (2, "--interval"),
+        (): (2, "usage: launcher status"),
+    }
+    for args, (code, words) in cases.items():
+        result = subprocess.run([*LAUNCHER, "status", *args], env=launcher_env(), capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == code and words in result.stderr, (args, result)
+        assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, (args, result)
+    # A pid that runs no launcher agent: this test's own process.
+    result = status(str(os.getpid()))
+    assert result.returncode == 1 and "is not a launcher agent" in result.stderr, result
+    assert len(result.stderr.splitlines()) == 1, result
+
+
+@pytest.mark.timeout(120)
+def test_a_job_whose_agent_was_killed_is_not_shown_as_running(start_job):
+    job = start_job()
+    job.pids()
+    wait_for(lambda: status(job.log_dir).returncode == 0, "a status")
+    job.process.kill()  # SIGKILL: the agent writes no last record; its watchdog ends the workers
+    job.process.wait(timeout=30)
+    for target in (job.log_dir, str(job.process.pid)):
+        result = status(target)
+        assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result
+    result = status(job.log_dir)
+    assert f"its agent (pid {job.process.pid}) is gone without saying how it ended" in result.stderr, result
