@@ -119,7 +119,7 @@ def run(argv: Sequence[str]) -> int:
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
             write_root_cause(result.report, os.environ["TORCHELASTIC_ERROR_FILE"])
     elif result.message and result.exit_code != 0:
-        log.error("%s", result.message)
+        (log.warning if result.preempted else log.error)("%s", result.message)
     return result.exit_code
 
 

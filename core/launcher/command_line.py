@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.config import (
     DEFAULT_MASTER_PORT,
@@ -220,6 +220,8 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         # -- health checks (issue 26, launcher.health) --
         health_checks=_health_checks(args.health_checks, name("health_checks")),
         health_check_cmd=_health_check_cmd(args.health_check_cmd, name("health_check_cmd")),
+        # -- preemption (issue 29, launcher.preemption) --
+        **_preemption(args.preemption_signals, args.preemption_grace, name),
     )
     return CommandLine(config=config, command=command, run_path=run_path, device_provider=provider)
 
@@ -236,6 +238,19 @@ def _health_check_cmd(value: str | None, flag: str) -> str | None:
 
     return parse_health_check_cmd(value, flag)
 # -- end health checks --
+
+
+# -- preemption (issue 29, launcher.preemption) --
+def _preemption(signals: str | None, grace: str | None, name: Callable[[str], str]) -> dict[str, Any]:
+    """The config's preemption fields, checked here so that a message names the flag or its
+    ``PET_*`` variable; the module is not even imported when neither is given."""
+    if signals is None and grace is None:
+        return {}
+    from launcher.preemption.settings import parse_preemption_grace, parse_preemption_signals
+
+    parse_preemption_signals(signals, name("preemption_signals"))
+    return {"preemption_signals": signals, "preemption_grace": parse_preemption_grace(grace, name("preemption_grace"))}
+# -- end preemption --
 
 
 def _names(value: str, flag: str, kind: str, example: str) -> list[str]:

@@ -93,6 +93,12 @@ class LaunchConfig:
     #: ``--health-check-cmd``: the site's health command (``None``: none).
     health_check_cmd: str | None = None
     # -- end health checks --
+    # -- preemption (issue 29, launcher.preemption) --
+    #: ``--preemption-signals``: the signals that mean preemption (``None``: SIGTERM once preemption is on).
+    preemption_signals: str | Sequence[str] | None = None
+    #: ``--preemption-grace``: seconds to save and exit once preempted (``None``: ``shutdown_timeout``).
+    preemption_grace: float | None = None
+    # -- end preemption --
 
     def __post_init__(self) -> None:
         if not self.run_id:
@@ -136,6 +142,10 @@ class LaunchConfig:
         from launcher.health.settings import check_health_config  # health checks (issue 26)
 
         check_health_config(self)
+        if self.preemption_signals is not None or self.preemption_grace is not None:  # preemption (issue 29)
+            from launcher.preemption.settings import check_preemption_config
+
+            check_preemption_config(self)
         if self.preload:  # --preload; its machinery is imported only when asked for
             from launcher.agent.preload import parse_preload
 

@@ -299,6 +299,15 @@ def build_parser() -> _Parser:
     add(*_flag("--health-check-cmd"), action=_EnvDefault, default=None,
         help="The site's health-check executable: exit 0 is healthy, else its first output line is the reason.")
     # -- end health checks --
+    # -- preemption (issue 29, launcher.preemption) --
+    add(*_flag("--preemption-signals"), action=_EnvDefault, default=None,
+        help="Comma list of signals that mean the job is being preempted (default SIGTERM once preemption is on, "
+        "which this flag or --preemption-grace turns on): every rank sees launcher.preempted(), the workers get "
+        "the grace to save and exit, and the job exits with status 75.")
+    add(*_flag("--preemption-grace"), action=_EnvDefault, default=None,
+        help="Seconds the workers have to save and exit once preempted, before they are stopped as on any "
+        "signal (default: --shutdown-timeout). Turns preemption handling on.")
+    # -- end preemption --
     add("--cluster", action=_EnvDefault, default="auto",
         help="Fill missing flags from a scheduler's environment: auto (default), none (torchrun's "
         "behaviour), or a cluster environment's name (slurm, openmpi, mpich, pmix, lsf, kubeflow).")

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.health.plan import HealthPlan
     from launcher.plugins.manager import LauncherPluginManager
     from launcher.plugins.types import DeviceProvider, EventHandler, LogsSpecsLike, RendezvousBackend
+    from launcher.preemption.settings import PreemptionPlan
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
 
 __all__ = [
@@ -153,6 +154,8 @@ class LaunchPlan:
     device_provider: DeviceProvider | None
     #: The health checks before each round (launcher.health); ``None``: ``--health-checks none``.
     health: HealthPlan | None = None
+    #: ``--preemption-signals``/``--preemption-grace`` (launcher.preemption); ``None``: off.
+    preemption: PreemptionPlan | None = None
 
 
 def build_plan(
@@ -182,6 +185,11 @@ def build_plan(
     cpus = _plan_cpus(config, device_provider, manager)
     base_env = _base_env(config)
     node = socket.gethostname()
+    preemption = None
+    if config.preemption_signals is not None or config.preemption_grace is not None:  # else not even imported
+        from launcher.preemption.settings import plan_for
+
+        preemption = plan_for(config)
     return LaunchPlan(
         run_id=config.run_id,
         role=config.role,
@@ -193,7 +201,8 @@ def build_plan(
         shutdown_timeout=config.shutdown_timeout,
         exit_barrier_timeout=config.exit_barrier_timeout,
         local_addr=config.local_addr,
-        signals=tuple(config.signal_numbers),
+        # The preemption signals are caught too, whether or not --signals-to-handle names them.
+        signals=tuple(dict.fromkeys([*config.signal_numbers, *(preemption.signals if preemption else ())])),
         signal_names=tuple(s.strip() for s in config.signals_to_handle),
         rendezvous=RendezvousPlan(backend, rendezvous_parameters(config)),
         workers=WorkerPlan(
@@ -214,6 +223,7 @@ def build_plan(
         hangs=HangPlan(config.hang_timeout, config.hang_watch == "output") if config.hang_timeout else None,
         device_provider=device_provider,
         health=_health_plan(config, manager, entry, base_env, node, device_provider),
+        preemption=preemption,
     )
 
 
