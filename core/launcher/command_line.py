@@ -221,7 +221,7 @@ def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
         health_checks=_health_checks(args.health_checks, name("health_checks")),
         health_check_cmd=_health_check_cmd(args.health_check_cmd, name("health_check_cmd")),
         # -- preemption (issue 29, launcher.preemption) --
-        **_preemption(args.preemption_signals, args.preemption_grace, name),
+        **_preemption(args.preemption_signals, args.preemption_grace, bool(args.requeue), name),
     )
     return CommandLine(config=config, command=command, run_path=run_path, device_provider=provider)
 
@@ -241,15 +241,16 @@ def _health_check_cmd(value: str | None, flag: str) -> str | None:
 
 
 # -- preemption (issue 29, launcher.preemption) --
-def _preemption(signals: str | None, grace: str | None, name: Callable[[str], str]) -> dict[str, Any]:
+def _preemption(signals: str | None, grace: str | None, requeue: bool, name: Callable[[str], str]) -> dict[str, Any]:
     """The config's preemption fields, checked here so that a message names the flag or its
-    ``PET_*`` variable; the module is not even imported when neither is given."""
-    if signals is None and grace is None:
+    ``PET_*`` variable; the module is not even imported when none is given."""
+    if signals is None and grace is None and not requeue:
         return {}
     from launcher.preemption.settings import parse_preemption_grace, parse_preemption_signals
 
     parse_preemption_signals(signals, name("preemption_signals"))
-    return {"preemption_signals": signals, "preemption_grace": parse_preemption_grace(grace, name("preemption_grace"))}
+    return {"preemption_signals": signals, "preemption_grace": parse_preemption_grace(grace, name("preemption_grace")),
+            "preemption_requeue": requeue}
 # -- end preemption --
 
 

@@ -98,6 +98,8 @@ class LaunchConfig:
     preemption_signals: str | Sequence[str] | None = None
     #: ``--preemption-grace``: seconds to save and exit once preempted (``None``: ``shutdown_timeout``).
     preemption_grace: float | None = None
+    #: ``--requeue``: under Slurm, requeue the job after a preemption's save.
+    preemption_requeue: bool = False
     # -- end preemption --
 
     def __post_init__(self) -> None:
@@ -142,7 +144,7 @@ class LaunchConfig:
         from launcher.health.settings import check_health_config  # health checks (issue 26)
 
         check_health_config(self)
-        if self.preemption_signals is not None or self.preemption_grace is not None:  # preemption (issue 29)
+        if self.preemption_signals is not None or self.preemption_grace is not None or self.preemption_requeue:
             from launcher.preemption.settings import check_preemption_config
 
             check_preemption_config(self)

@@ -307,6 +307,9 @@ def build_parser() -> _Parser:
     add(*_flag("--preemption-grace"), action=_EnvDefault, default=None,
         help="Seconds the workers have to save and exit once preempted, before they are stopped as on any "
         "signal (default: --shutdown-timeout). Turns preemption handling on.")
+    add("--requeue", action=_EnvSwitch,
+        help="Under Slurm: after a preemption's save, one node runs 'scontrol requeue' for the job (when it is "
+        "requeueable and Slurm is not requeueing it already). Turns preemption handling on.")
     # -- end preemption --
     add("--cluster", action=_EnvDefault, default="auto",
         help="Fill missing flags from a scheduler's environment: auto (default), none (torchrun's "

@@ -186,7 +186,7 @@ def build_plan(
     base_env = _base_env(config)
     node = socket.gethostname()
     preemption = None
-    if config.preemption_signals is not None or config.preemption_grace is not None:  # else not even imported
+    if config.preemption_signals is not None or config.preemption_grace is not None or config.preemption_requeue:
         from launcher.preemption.settings import plan_for
 
         preemption = plan_for(config)

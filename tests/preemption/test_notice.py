@@ -38,7 +38,8 @@ if not launcher.wait_for_preemption(120):  # at once when preemption handling is
     time.sleep(120)
 left = launcher.preemption_time_left()
 time.sleep(0.3)  # the save
-(state / f"saved-{rank}").write_text(json.dumps({"left": left, "preempted": launcher.preempted()}))
+(state / f"saved-{rank}").write_text(json.dumps({"left": left, "preempted": launcher.preempted(),
+                                                "count": os.environ["LAUNCHER_PREEMPTION_COUNT"]}))
 """
 
 
@@ -73,6 +74,7 @@ def test_every_rank_is_told_calls_back_saves_and_the_job_ends_preempted(tmp_path
     for rank in (0, 1):
         saved = json.loads((state / f"saved-{rank}").read_text())
         assert saved["preempted"] and 0 < saved["left"] <= 60, saved
+        assert saved["count"] == "0", saved  # not a continuation
         assert 0 < float((state / f"called-{rank}").read_text()) <= 60
     assert ("job preempted (SIGTERM received here); 2 of 2 local worker(s) exited cleanly within the 60 s grace; "
             "exit status 75") in stderr

@@ -53,6 +53,8 @@ def test_the_python_api_checks_them_too():
     (["--preemption-signals", "SIGTREM"], {}, "--preemption-signals: 'SIGTREM' is not a signal the launcher can catch"),
     (["--preemption-signals", ""], {}, "--preemption-signals '' names no signal"),
     ([], {"PET_PREEMPTION_SIGNALS": "TERM,"}, "PET_PREEMPTION_SIGNALS 'TERM,' has an empty item"),
+    (["--requeue"], {}, "--requeue needs a Slurm job (SLURM_JOB_ID is not set)"),
+    (["--requeue"], {"SLURM_JOB_ID": "42", "PATH": "/nonexistent"}, "scontrol is not on PATH"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, env, words):
     marker = tmp_path / "started"

@@ -35,6 +35,8 @@ class PreemptionPlan:
     signals: tuple[int, ...]
     #: Seconds the workers have to save and exit after the notice.
     grace: float
+    #: ``--requeue``: requeue the Slurm job after the save (launcher.preemption.requeue).
+    requeue: bool = False
 
 
 def parse_preemption_signals(value: Any, name: str = "--preemption-signals") -> tuple[int, ...] | None:
@@ -68,24 +70,31 @@ def parse_preemption_grace(value: Any, name: str = "--preemption-grace") -> floa
     return parse_seconds(value, name)
 
 
-def preemption_plan(signals: Sequence[int] | None, grace: float | None, default_grace: float) -> PreemptionPlan | None:
-    """The plan, or ``None`` when neither flag was given (preemption handling off).
+def preemption_plan(signals: Sequence[int] | None, grace: float | None, default_grace: float,
+                    requeue: bool = False) -> PreemptionPlan | None:
+    """The plan, or ``None`` when no preemption flag was given (preemption handling off).
 
-    ``default_grace`` (``--shutdown-timeout``) applies when only the signals were given.
+    ``default_grace`` (``--shutdown-timeout``) applies when the grace was not given.
     """
-    if signals is None and grace is None:
+    if signals is None and grace is None and not requeue:
         return None
     numbers = tuple(signals) if signals is not None else tuple(int(getattr(signal, s)) for s in DEFAULT_SIGNALS)
-    return PreemptionPlan(numbers, default_grace if grace is None else grace)
+    return PreemptionPlan(numbers, default_grace if grace is None else grace, requeue)
 
 
 def check_preemption_config(config: Any) -> None:
     """Check a :class:`~launcher.config.LaunchConfig`'s preemption fields (and normalise the grace)."""
     parse_preemption_signals(config.preemption_signals)
     config.preemption_grace = parse_preemption_grace(config.preemption_grace)
+    if config.preemption_requeue:
+        import os
+
+        from launcher.preemption.requeue import check_requeue
+
+        check_requeue(os.environ)
 
 
 def plan_for(config: Any) -> PreemptionPlan | None:
     """The preemption plan of a checked :class:`~launcher.config.LaunchConfig`."""
     return preemption_plan(parse_preemption_signals(config.preemption_signals), config.preemption_grace,
-                           config.shutdown_timeout)
+                           config.shutdown_timeout, bool(config.preemption_requeue))

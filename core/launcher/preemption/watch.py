@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.agent.result import AgentResult
 from launcher.preemption.notice import FIELDS, FIELDS_OFFSET, NOTICE_FILE_ENV, NOTICE_SIGNALS_ENV, NOTICE_SIZE
 from launcher.preemption.report import PreemptionReport, RankEnd
+from launcher.preemption.requeue import PREEMPTION_COUNT_ENV, preemption_count
 from launcher.preemption.settings import PREEMPTED_EXIT
 from launcher.rendezvous.api import RendezvousError
 from launcher.store.api import StoreError
@@ -114,9 +115,11 @@ class PreemptionWatch:
             finally:
                 os.close(fd)
         signals = ",".join(str(n) for n in self.settings.signals)
+        count = str(preemption_count(os.environ))  # a continuation knows it is one
         for env in envs.values():
             env[NOTICE_FILE_ENV] = self._path
             env[NOTICE_SIGNALS_ENV] = signals
+            env[PREEMPTION_COUNT_ENV] = count
 
     def next_due(self) -> float:
         """Seconds until the next look in the store (the agent's selector sleeps no longer)."""
@@ -166,9 +169,10 @@ class PreemptionWatch:
     def _name(self) -> str:
         """This node as the rendezvous names it (host names may repeat: containers, namespaces)."""
         info = self._info
-        if info is not None and info.group_world_size > 1 and len(info.participants) > info.group_rank:
-            return f"{info.participants[info.group_rank]} (node {info.group_rank})"
-        return self._plan.node
+        if info is None or info.group_world_size == 1:
+            return self._plan.node
+        name = info.participants[info.group_rank] if len(info.participants) > info.group_rank else self._plan.node
+        return f"{name} (node {info.group_rank})"
 
     def _notify(self, signum: int, node: str, grace: float, *, local: bool) -> None:
         deadline = time.monotonic() + grace
@@ -188,9 +192,9 @@ class PreemptionWatch:
         """Preempted while no worker ran (in a rendezvous): nothing to save; the job's outcome."""
         name = signal.Signals(signum).name
         self._emit("preempted", signal=name, received_by=self._name(), grace=0.0)
-        return AgentResult(exit_code=PREEMPTED_EXIT, preempted=True, message=(
-            f"node {self._name()}: job preempted ({name} received here) while no worker ran; "
-            f"exit status {PREEMPTED_EXIT}"))
+        message = f"node {self._name()}: job preempted ({name} received here) while no worker ran; exit status 75"
+        log.warning("%s", message)
+        return AgentResult(exit_code=PREEMPTED_EXIT, preempted=True, message=message)
 
     def finish(self, group: WorkerGroup, shutdown_timeout: float) -> AgentResult:
         """Wait for the workers to save and exit within the grace, stop the rest; the job's
@@ -214,10 +218,19 @@ class PreemptionWatch:
             code = process.returncode if process is not None else None
             ends.append(RankEnd(slot.local_rank, slot.global_rank, process.pid if process is not None else None,
                                 code, stopped=slot.local_rank in stragglers))
-        self._wait_for_others()
         report = PreemptionReport(node=self._name(), signal_name=signal.Signals(notice.signum).name,
                                   received_by=notice.node, local=notice.local, grace=notice.grace, ranks=ends)
-        return AgentResult(exit_code=PREEMPTED_EXIT, preempted=True, message=report.render())
+        # Said before the nodes part: a scheduler may stop the others once the first node exits.
+        log.warning("%s", report.render())
+        self._wait_for_others()
+        message = report.render()
+        if self.settings.requeue and (self._info is None or self._info.group_rank == 0):  # one node requeues
+            from launcher.preemption.requeue import requeue
+
+            outcome = requeue()
+            log.warning("%s", outcome)
+            message += f"\n{outcome}"
+        return AgentResult(exit_code=PREEMPTED_EXIT, preempted=True, message=message)
 
     def _wait_for_others(self) -> None:
         """Every node says it is done, and waits (bounded) for the others: the node that serves
