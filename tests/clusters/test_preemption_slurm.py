@@ -4,7 +4,7 @@ COMPLETED with the final weights of an uninterrupted run.
 
 The job script is submitted word for word; the two virtual nodes n1 and n2 share this host.
 A requeued job waits about two minutes before it is eligible again (Slurm lets the old job's
-credentials expire); the tests let it start at once with ``scontrol update StartTime=now``.
+credentials expire); the tests let it start sooner with ``scontrol update StartTime=now+3``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def _preempt_and_resume(cluster: SlurmCluster, tmp_path: Path, preempt) -> tuple
     preempt(job)
     _wait_for("the job to be requeued", lambda: _fields(cluster, job).get("JobState") == "PENDING", 60,
               lambda: f"{_fields(cluster, job)}\n{_read(out)}")
-    assert cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
+    # Not "now": slurmd refuses a job whose credential is from the second its old one was revoked in.
+    assert cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now+3").returncode == 0
     fields = cluster.wait_job(job, timeout=180)
     return fields, _read(out)
 
@@ -79,14 +80,14 @@ def uninterrupted(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPath
     return _final_weights(_read(out))
 
 
-def _check_preempted_and_resumed(output: str, fields: dict[str, str], uninterrupted: str) -> None:
+def _check_preempted_and_resumed(output: str, fields: dict[str, str], uninterrupted: str, grace: int) -> None:
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, output)
     # The first attempt: every rank saved at the same step, and both nodes said "preempted".
     saved = re.findall(r"rank (\d): preempted at step (\d+), checkpoint saved", output)
     assert sorted(rank for rank, _ in saved) == ["0", "1", "2", "3"], output
     [step] = {step for _, step in saved}
     reports = re.findall(r"node \S+ \(node (\d)\): job preempted \(SIG\w+ received here\); 2 of 2 local worker\(s\) "
-                         r"exited cleanly within the 60 s grace; exit status 75", output)
+                         rf"exited cleanly within the {grace} s grace; exit status 75", output)
     assert sorted(reports) == ["0", "1"], output
     # The second: every rank knows it is a continuation, and goes on from the checkpoint.
     resumed = re.findall(rf"rank (\d): resuming at step {step} \(requeued 1 time\(s\) before\)", output)
@@ -103,7 +104,9 @@ def test_a_job_slurm_requeues_saves_resumes_and_ends_as_if_never_interrupted(
         assert slurm_cluster.run("scontrol", "requeue", job).returncode == 0
 
     fields, output = _preempt_and_resume(slurm_cluster, tmp_path, requeue)
-    _check_preempted_and_resumed(output, fields, uninterrupted)
+    # Slurm kills the job KillWait (5 s here) after its SIGTERM: the 60 s grace is cut to that.
+    _check_preempted_and_resumed(output, fields, uninterrupted, grace=5)
+    assert output.count("the grace is 5 s, not 60 s: Slurm's KillWait ends the job then") == 2, output
     assert "SIGTERM received here" in output
     # Slurm requeued it already: launcher's --requeue must not queue a second restart.
     assert re.search(rf"not requeued again: Slurm already requeued job {fields['JobId']} \(restart 1\)", output), output
@@ -117,6 +120,7 @@ def test_the_time_limit_signal_saves_requeues_once_and_resumes(
         assert slurm_cluster.run("scancel", "--signal=USR1", job).returncode == 0
 
     fields, output = _preempt_and_resume(slurm_cluster, tmp_path, signal_usr1)
-    _check_preempted_and_resumed(output, fields, uninterrupted)
+    _check_preempted_and_resumed(output, fields, uninterrupted, grace=60)  # no time limit: the flag's grace
+    assert "the grace is" not in output, output
     assert "SIGUSR1 received here" in output
     assert len(re.findall(rf"requeued Slurm job {fields['JobId']} \(restart 1\)", output)) == 1, output

@@ -1,4 +1,11 @@
-"""``--requeue``: after a preemption's save, put the Slurm job back in the queue, once.
+"""Slurm and preemption: the grace Slurm leaves, and ``--requeue`` (put the job back, once).
+
+:func:`slurm_grace`: how long Slurm lets the job live after the signal: ``KillWait`` after a
+SIGTERM (a preemption, requeue or cancel: SIGKILL follows ``KillWait`` seconds later), the time to
+the job's ``EndTime`` after any other signal (``--signal=USR1@90`` comes ahead of the time limit).
+A grace longer than that would only end in SIGKILL, so the agent shortens it.
+
+``--requeue``: after a preemption's save, put the Slurm job back in the queue, once.
 
 One node (group rank 0) runs ``scontrol requeue <job>`` after every node has finished its
 grace, when:
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -29,8 +37,8 @@ log = logging.getLogger("launcher.preemption")
 #: In every worker's environment when preemption handling is on: how many times this job was
 #: requeued before this run (Slurm's ``SLURM_RESTART_COUNT``; 0 for a first run, or elsewhere).
 PREEMPTION_COUNT_ENV = "LAUNCHER_PREEMPTION_COUNT"
-#: Seconds an ``scontrol`` call may take.
-SCONTROL_TIMEOUT = 30.0
+#: Seconds an ``scontrol`` call may take (it runs while the workers save).
+SCONTROL_TIMEOUT = 10.0
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
@@ -54,6 +62,34 @@ def preemption_count(environ: Mapping[str, str]) -> int:
     """How many times this job was requeued before this run (``SLURM_RESTART_COUNT``, else 0)."""
     text = environ.get("SLURM_RESTART_COUNT", "").strip()
     return int(text) if text.isdigit() else 0
+
+
+def slurm_grace(signum: int, environ: Mapping[str, str] | None = None,
+                run: Runner | None = None) -> tuple[float, str] | None:
+    """Seconds Slurm leaves this job after ``signum``, and where that comes from; ``None``
+    outside Slurm or when Slurm does not say (no time limit, ``scontrol`` failing)."""
+    import signal
+    import time
+
+    env = os.environ if environ is None else environ
+    job = slurm_job_id(env)
+    if job is None:
+        return None
+    call = _scontrol if run is None else run
+    try:
+        if signum == signal.SIGTERM:
+            shown = call(["show", "config"])
+            found = re.search(r"^KillWait\s*=\s*(\d+)", shown.stdout, re.MULTILINE)
+            return (float(found.group(1)), "Slurm's KillWait") if shown.returncode == 0 and found else None
+        shown = call(["show", "job", "-o", job])
+        fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
+        if shown.returncode != 0 or fields.get("TimeLimit") in (None, "UNLIMITED", "Partition_Limit"):
+            return None
+        end = time.mktime(time.strptime(fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))  # local time
+        return max(0.0, end - time.time()), f"the time limit of Slurm job {job}"
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log.debug("cannot ask Slurm for the grace: %s", exc)
+        return None
 
 
 def _scontrol(args: list[str]) -> subprocess.CompletedProcess[str]:

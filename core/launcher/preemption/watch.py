@@ -19,6 +19,7 @@ running at its end get the signal, as torchrun would have forwarded it at once, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -156,11 +157,13 @@ class PreemptionWatch:
         if self.notice is not None:
             return
         self._notify(signum, self._name(), self.settings.grace, local=True)
+        self._scheduler_grace(signum)  # after the workers were told: they need not wait for scontrol
         info = self._info
         if info is None or info.store is None or info.group_world_size == 1:
             return
+        assert self.notice is not None
         posted = {"node": self._name(), "group_rank": info.group_rank, "signal": signal.Signals(signum).name,
-                  "deadline": time.time() + self.settings.grace}
+                  "deadline": time.time() + max(0.0, self.notice.deadline - time.monotonic())}
         try:
             info.store.compare_set(key(self._plan.run_id, info.round), b"", json.dumps(posted).encode())
         except (StoreError, RendezvousError, OSError) as exc:
@@ -174,12 +177,27 @@ class PreemptionWatch:
         name = info.participants[info.group_rank] if len(info.participants) > info.group_rank else self._plan.node
         return f"{name} (node {info.group_rank})"
 
+    def _scheduler_grace(self, signum: int) -> None:
+        """Shorten the grace to what the scheduler leaves, when it says (Slurm: ``KillWait``, the
+        time limit): workers saving past it would be killed mid-save."""
+        from launcher.preemption.requeue import slurm_grace
+
+        notice = self.notice
+        limit = slurm_grace(signum)
+        if notice is None or limit is None or limit[0] >= notice.grace:
+            return
+        grace, source = limit
+        self.notice = dataclasses.replace(notice, deadline=notice.deadline - (notice.grace - grace), grace=grace)
+        if self._page is not None:
+            FIELDS.pack_into(self._page, FIELDS_OFFSET, self.notice.deadline, signum, notice_group_rank(self._info))
+        log.warning("the grace is %s s, not %s s: %s ends the job then", _seconds(grace), _seconds(notice.grace),
+                    source)
+
     def _notify(self, signum: int, node: str, grace: float, *, local: bool) -> None:
         deadline = time.monotonic() + grace
         self.notice = Notice(signum, node, deadline, grace, local)
         if self._page is not None:
-            group_rank = self._info.group_rank if self._info is not None else 0
-            FIELDS.pack_into(self._page, FIELDS_OFFSET, deadline, signum, group_rank)
+            FIELDS.pack_into(self._page, FIELDS_OFFSET, deadline, signum, notice_group_rank(self._info))
             self._page[0] = 1  # last: a worker that sees the flag finds the fields written
         name = signal.Signals(signum).name
         log.warning("preempted (%s %s): every rank is told; workers have %s s to save and exit",
@@ -255,6 +273,10 @@ class PreemptionWatch:
 
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+def notice_group_rank(info: RendezvousInfo | None) -> int:
+    return info.group_rank if info is not None else 0
 
 
 def _signal_number(name: Any) -> int:
