@@ -131,12 +131,9 @@ def test_a_worker_that_ignores_the_notice_is_stopped_at_the_end_of_the_grace(mak
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason=(
-    "known, not preemption's: a signal that ends the rendezvous mid-store-call leaves the store client's "
-    "connection mid-reply, so set_closed() then waits out join_timeout (60 s here), with or without "
-    "--preemption-grace (plain SIGTERM: exit 143, as late)"))
 def test_preempted_while_waiting_for_the_other_node(make_network, start_agent, tmp_path):
-    """No worker runs yet (the rendezvous waits for node B): nothing to save, still "preempted"."""
+    """No worker runs yet (the rendezvous waits for node B): nothing to save, still "preempted",
+    at once (the signal ends a store call midway: the client must not wait for its reply later)."""
     net = make_network(2)
     args = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", net[0].endpoint(RDZV_PORT), "--rdzv-id", "mn-preempt-early",
