@@ -13,8 +13,13 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.api import LaunchConfig, launch
     from launcher.hangs.heartbeat import heartbeat, quiet
+    from launcher.preemption.notice import on_preemption, preempted, preemption_time_left, wait_for_preemption
 
-__all__ = ["LaunchConfig", "launch", "heartbeat", "quiet", "__version__"]
+#: The worker-side preemption API (standard library only, see launcher.preemption.notice).
+_PREEMPTION = ("preempted", "preemption_time_left", "wait_for_preemption", "on_preemption")
+
+__all__ = ["LaunchConfig", "launch", "heartbeat", "quiet", "preempted", "preemption_time_left", "wait_for_preemption",
+           "on_preemption", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,5 +34,11 @@ def __getattr__(name: str) -> Any:
         from launcher.hangs.heartbeat import heartbeat, quiet
 
         globals().update(heartbeat=heartbeat, quiet=quiet)
+        return globals()[name]
+    if name in _PREEMPTION:
+        # Standard library only, like heartbeat(): kept as module globals after the first use.
+        from launcher.preemption import notice
+
+        globals().update({attr: getattr(notice, attr) for attr in _PREEMPTION})
         return globals()[name]
     raise AttributeError(f"module 'launcher' has no attribute {name!r}")

@@ -142,7 +142,7 @@ def run(argv: Sequence[str]) -> int:
         sys.stderr.write(result.report.render().rstrip("\n") + "\n")
         if os.environ.get("TORCHELASTIC_ERROR_FILE"):
             write_root_cause(result.report, os.environ["TORCHELASTIC_ERROR_FILE"])
-    elif result.message and result.exit_code != 0:
+    elif result.message and result.exit_code != 0 and not result.preempted:  # a preemption's report is said
         log.error("%s", result.message)
     return result.exit_code
 

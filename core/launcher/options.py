@@ -37,11 +37,12 @@ def core_groups() -> tuple[FlagGroup[Any], ...]:
     from launcher.hangs import settings as hangs
     from launcher.health import settings as health
     from launcher.logs import settings as logs
+    from launcher.preemption import settings as preemption
     from launcher.rendezvous import settings as rendezvous
     from launcher.status import settings as status
 
     return (rendezvous.FLAGS, workers.FLAGS, events.FLAGS, logs.FLAGS, numa.FLAGS, hangs.FLAGS,
-            health.FLAGS, status.FLAGS, workers.PRELOAD_FLAGS, clusters.FLAGS)
+            health.FLAGS, status.FLAGS, preemption.FLAGS, workers.PRELOAD_FLAGS, clusters.FLAGS)
 
 
 def flag_groups(manager: LauncherPluginManager | None = None) -> tuple[FlagGroup[Any], ...]:

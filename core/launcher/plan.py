@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.health.plan import HealthPlan
     from launcher.plugins.manager import LauncherPluginManager
     from launcher.plugins.types import DeviceProvider, EventHandler, LogsSpecsLike, RendezvousBackend
+    from launcher.preemption.settings import PreemptionPlan
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
 
 __all__ = [
@@ -157,6 +158,8 @@ class LaunchPlan:
     settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: ``--metrics-port`` (launcher.status.metrics): checked free by the config, served once the workers run.
     metrics_port: int | None = None
+    #: ``--preemption-signals``/``--preemption-grace`` (launcher.preemption); ``None``: off.
+    preemption: PreemptionPlan | None = None
 
 
 def build_plan(
@@ -186,6 +189,12 @@ def build_plan(
     cpus = _plan_cpus(config, device_provider, manager)
     base_env = _base_env(config)
     node = socket.gethostname()
+    preemption = None
+    preemption_settings = config.settings.get("preemption")  # --preemption-*, --requeue
+    if preemption_settings is not None and preemption_settings.enabled:
+        from launcher.preemption.settings import plan_for
+
+        preemption = plan_for(preemption_settings, config.shutdown_timeout)
     return LaunchPlan(
         run_id=config.run_id,
         role=config.role,
@@ -197,7 +206,8 @@ def build_plan(
         shutdown_timeout=config.shutdown_timeout,
         exit_barrier_timeout=config.exit_barrier_timeout,
         local_addr=config.local_addr,
-        signals=tuple(config.signal_numbers),
+        # The preemption signals are caught too, whether or not --signals-to-handle names them.
+        signals=tuple(dict.fromkeys([*config.signal_numbers, *(preemption.signals if preemption else ())])),
         signal_names=tuple(s.strip() for s in config.signals_to_handle),
         rendezvous=RendezvousPlan(backend, rendezvous_parameters(config)),
         workers=WorkerPlan(
@@ -220,6 +230,7 @@ def build_plan(
         settings=MappingProxyType(dict(config.settings)),
         health=_health_plan(config, manager, entry, base_env, node, device_provider),
         metrics_port=_metrics_port(config),
+        preemption=preemption,
     )
 
 

@@ -104,6 +104,17 @@ def test_hang_settings(plugin_manager):
     assert plan.hangs is not None and plan.hangs.timeout == 30 and plan.hangs.watch_output
 
 
+def test_preemption_settings(plugin_manager):
+    assert build_plan(LaunchConfig(), plugin_manager, ENTRY).preemption is None  # off: SIGTERM as torchrun
+    from launcher.preemption.settings import preemption_settings
+
+    config = LaunchConfig(settings={"preemption": preemption_settings(signals="USR1")}, signals_to_handle=("SIGTERM",))
+    plan = build_plan(config, plugin_manager, ENTRY)
+    assert plan.preemption is not None and plan.preemption.grace == 30.0  # --shutdown-timeout's default
+    # A preemption signal is caught whether or not --signals-to-handle names it.
+    assert plan.signals == (signal.SIGTERM, signal.SIGUSR1) and plan.signal_names == ("SIGTERM",)
+
+
 def test_format_cpus():
     assert format_cpus(frozenset({0, 1, 2, 3, 8, 10, 11})) == "0-3,8,10-11"
     assert format_cpus(None) == "" and format_cpus(frozenset()) == ""
@@ -112,7 +123,7 @@ def test_format_cpus():
 def test_watch_outcomes_are_an_enum():
     assert WatchOutcome("failed") is WatchOutcome.FAILED
     assert {o.name for o in WatchOutcome} == {
-        "SUCCEEDED", "FAILED", "HUNG", "MEMBERSHIP", "SIGNAL", "CLOSED", "STORE_GONE",
+        "SUCCEEDED", "FAILED", "HUNG", "MEMBERSHIP", "SIGNAL", "CLOSED", "STORE_GONE", "PREEMPTED",
     }
 
 

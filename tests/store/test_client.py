@@ -270,3 +270,32 @@ def test_reconnects_after_the_server_restarts() -> None:
     finally:
         client.close()
         first.close()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_call_ended_by_a_signal_handler_leaves_the_connection_usable(server: StoreServer) -> None:
+    """The agent's signal handler raises out of a blocked rendezvous call (launcher.agent.signals):
+    the next call must neither read the abandoned call's reply nor wait for it."""
+    import signal
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise _Interrupted
+
+    client = TCPStoreClient(server.host, server.port, timeout=30)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Interrupted):
+            client.wait(["never"])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    start = time.monotonic()
+    client.set("never", b"1")  # releases the abandoned wait: its late reply must not be read as an answer
+    assert client.compare_set("k", b"", b"v") == b"v"
+    assert client.get("k") == b"v" and client.check(["never"])
+    assert time.monotonic() - start < 10  # not the 30 s the abandoned wait had left
+    client.close()

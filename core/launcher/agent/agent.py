@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.agent.environment import worker_environment
 from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
 from launcher.agent.ranks import assign_ranks
-from launcher.agent.reporting import NodeReporter
+from launcher.agent.reporting import NodeReporter, started_workers
 from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, signal_message
 from launcher.agent.watchdog import Watchdog
@@ -35,8 +35,7 @@ from launcher.errors import LaunchError
 from launcher.failures.exits import describe_exit
 from launcher.health.gate import HealthGate, NodeSick
 from launcher.logs.pump import OutputPump
-from launcher.plan import format_cpus
-from launcher.plugins.types import finish_logs, run_log_dir
+from launcher.plugins.types import finish_logs
 from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
@@ -48,10 +47,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.failures.report import RankState, WorkerFailure
     from launcher.hangs.monitor import HangMonitor
     from launcher.plan import LaunchPlan
+    from launcher.preemption.watch import PreemptionWatch
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
 log = logging.getLogger("launcher.agent")
-
 
 #: Seconds between membership checks at the least (see ``Agent._watch``).
 MIN_MEMBERSHIP_INTERVAL = 1.0
@@ -84,6 +83,7 @@ class Agent:
         self._preload: Preloader | None = None  # --preload
         self._health = HealthGate(plan, self._emit)  # checks before each round (launcher.health)
         self._status: Any = None  # launcher.status's StatusPublisher, from the first start
+        self._preemption: PreemptionWatch | None = None  # --preemption-*: opened in run()
 
     def _emit(self, event_type: str, **data: Any) -> None:
         if self._events is not None:
@@ -92,6 +92,8 @@ class Agent:
     def _hurry(self) -> None:
         if self._group is not None:
             self._group.hurry()
+        if self._preemption is not None:  # a second signal cuts the grace short too
+            self._preemption.hurry()
 
     # -- what the agent owns -----------------------------------------------------------------
 
@@ -108,7 +110,9 @@ class Agent:
             stack.callback(self._close_events)
             stack.callback(lambda: self._status.close(result.exit_code) if self._status is not None else None)
             if plan.hangs is not None:
-                self._hangs = self._hang_monitor(plan)
+                from launcher.hangs.monitor import HangMonitor
+
+                self._hangs = HangMonitor.for_plan(plan, self._emit)
                 stack.callback(self._hangs.close)
                 self._hangs.enable_dump_signal(list(plan.signals))  # SIGUSR2: every rank's stacks
             else:  # SIGUSR2 must not kill the agent: it says how to get stacks instead
@@ -116,6 +120,10 @@ class Agent:
 
                 stack.callback(explain_dump_signal(list(plan.signals)))
             stack.callback(lambda: self._oom_watch.close() if self._oom_watch is not None else None)
+            if plan.preemption is not None:  # its machinery only when a preemption flag asks for it
+                from launcher.preemption.watch import PreemptionWatch
+                self._preemption = PreemptionWatch(plan, plan.preemption, self._emit)
+                stack.callback(self._preemption.close)
             watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)
             pump = OutputPump()
@@ -140,6 +148,8 @@ class Agent:
                 result = AgentResult(exit_code=exc.exit_code, message=str(exc))
             except SignalReceived as exc:
                 result = AgentResult(exit_code=128 + exc.signum, message=signal_message(exc.signum))
+                if self._preemption is not None and self._preemption.is_preemption(exc.signum):
+                    result = self._preemption.before_workers(exc.signum)  # no worker to save: preempted
             except (RendezvousError, StoreError) as exc:
                 report = self._report
                 if report.last_ranks and report.group_rank is not None:
@@ -147,18 +157,6 @@ class Agent:
                 result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
                 self._emit("job_failed", reason=result.message)
         return result
-
-    def _hang_monitor(self, plan: LaunchPlan) -> HangMonitor:
-        from launcher.hangs.monitor import HangMonitor
-
-        assert plan.hangs is not None
-        logs_specs = plan.logs_specs
-        return HangMonitor(
-            plan.hangs.timeout, node=self.node, run_id=plan.run_id, output=plan.hangs.watch_output, emit=self._emit,
-            # The run's log directory, --log-dir or not (a temporary one is then kept).
-            log_dir=lambda: run_log_dir(logs_specs) or getattr(logs_specs, "_run_log_dir", None),
-            keep_logs=getattr(logs_specs, "keep", None),
-        )
 
     def _kill_group(self) -> None:
         if self._group is not None:
@@ -261,6 +259,10 @@ class Agent:
             outcome, failed = self._watch(group, handler, info)
             if outcome is WatchOutcome.SIGNAL:
                 return self._forward_signal(info, handler, group)
+            if outcome is WatchOutcome.PREEMPTED and self._preemption is not None:
+                result = self._preemption.finish(group, plan.shutdown_timeout)
+                self._close_group(group)
+                return result
             if outcome is WatchOutcome.SUCCEEDED:
                 ranks = report.rank_states(group, ())
                 self._close_group(group)
@@ -402,6 +404,8 @@ class Agent:
         dest = plan.logs_specs.reify(envs)
         if self._hangs is not None:
             self._hangs.prepare(envs, slots)
+        if self._preemption is not None:  # the notice file, and where other nodes' notices come
+            self._preemption.prepare(envs, info)
         for slot in slots:  # reify may have added TORCHELASTIC_ERROR_FILE
             slot.env = envs[slot.local_rank]
         if plan.entry.function is not None and self._result_dir is None:
@@ -441,21 +445,8 @@ class Agent:
 
             self._oom_watch = OomWatch()
         self._oom_watch.snapshot()
-        cpus = workers.cpus
-        self._emit(
-            "workers_started",
-            restart_count=self._restart_count,
-            group_rank=info.group_rank,
-            workers=[
-                {
-                    "local_rank": s.local_rank,
-                    "rank": s.global_rank,
-                    "pid": s.process.pid if s.process else None,
-                    "cpus": format_cpus(cpus[s.local_rank]) if cpus and cpus[s.local_rank] else None,
-                }
-                for s in slots
-            ],
-        )
+        self._emit("workers_started", restart_count=self._restart_count, group_rank=info.group_rank,
+                   workers=started_workers(slots, workers.cpus))
         return group
 
     def _watch(self, group: WorkerGroup, handler: RendezvousHandler,
@@ -468,13 +459,21 @@ class Agent:
 
         interval = max(self.plan.monitor_interval, MIN_MEMBERSHIP_INTERVAL)
         next_check = time.monotonic() + interval
+        preemption = self._preemption
         while True:
+            # A preemption signal here, or another node's notice (looked for every fraction of a second).
+            if preemption is not None and preemption.poll(self._signals.received):
+                return WatchOutcome.PREEMPTED, []
             if self._signals.received is not None:
                 return WatchOutcome.SIGNAL, []
             pause = min(interval, next_check - time.monotonic())
             if self._hangs is not None:
                 pause = min(pause, self._hangs.next_due())
+            if preemption is not None:
+                pause = min(pause, preemption.next_due())
             ended = group.wait(max(0.0, pause))
+            if preemption is not None and preemption.poll(self._signals.received):
+                return WatchOutcome.PREEMPTED, []  # workers that ended meanwhile were saving, not failing
             failed = [s for s in ended if s.process is not None and s.process.returncode != 0]
             if failed:
                 # Collect every worker that already failed, so the root cause is the earliest.

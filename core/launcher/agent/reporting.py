@@ -26,10 +26,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import FailureReport, RankState, WorkerFailure
     from launcher.hangs.report import HangReport
-    from launcher.plan import LaunchPlan
+    from launcher.plan import CpuPlan, LaunchPlan
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
-__all__ = ["NodeReporter", "store_gone"]
+__all__ = ["NodeReporter", "started_workers", "store_gone"]
 
 log = logging.getLogger("launcher.agent")
 
@@ -252,3 +252,18 @@ class NodeReporter:
             log_dir = run_log_dir(logs_specs) or getattr(logs_specs, "_run_log_dir", None)
             if log_dir:
                 report.write_json(os.path.join(log_dir, "failure_report.json"))
+
+
+def started_workers(slots: Sequence[WorkerSlot], cpus: CpuPlan) -> list[dict[str, Any]]:
+    """The ``workers`` field of the ``workers_started`` event: each worker's ranks, pid and CPUs."""
+    from launcher.plan import format_cpus
+
+    return [
+        {
+            "local_rank": s.local_rank,
+            "rank": s.global_rank,
+            "pid": s.process.pid if s.process else None,
+            "cpus": format_cpus(cpus[s.local_rank]) if cpus and cpus[s.local_rank] else None,
+        }
+        for s in slots
+    ]

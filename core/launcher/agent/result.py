@@ -29,6 +29,8 @@ class WatchOutcome(enum.Enum):
     CLOSED = "closed"
     #: The rendezvous store is gone.
     STORE_GONE = "store"
+    #: The job is being preempted (a preemption signal here, or another node's notice).
+    PREEMPTED = "preempted"
 
 
 @dataclass
@@ -41,3 +43,5 @@ class AgentResult:
     failures: list[WorkerFailure] = field(default_factory=list)
     report: FailureReport | None = None
     message: str = ""
+    #: The job was preempted (``message`` is the preemption report; not a failure).
+    preempted: bool = False

@@ -50,6 +50,8 @@ MEMBERSHIP_CHANGED = "membership_changed"
 HANG_DETECTED = "hang_detected"
 #: A node failed a health check and stays out of the job (launcher.health).
 NODE_EXCLUDED = "node_excluded"
+#: The job is being preempted: every rank was told, and has the grace to save and exit (launcher.preemption).
+PREEMPTED = "preempted"
 #: Every worker of this node succeeded; the job is done here.
 JOB_SUCCEEDED = "job_succeeded"
 #: The job failed here for good (restarts exhausted, or an error the agent cannot recover from).
@@ -106,6 +108,11 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
         "addr": "its address, or null when it announced none",
         "check": "name of the health check it failed",
         "reason": "one line: what the check found",
+    },
+    PREEMPTED: {
+        "signal": "name of the signal that meant preemption (SIGTERM, SIGUSR1, ...)",
+        "received_by": "name of the node that received it (this node, or the one whose notice reached it)",
+        "grace": "seconds this node's workers have to save and exit",
     },
     JOB_SUCCEEDED: {
         "restart_count": "restarts used",

@@ -39,6 +39,7 @@ from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup, WorkerSlot
+    from launcher.plan import LaunchPlan
     from launcher.rendezvous.api import RendezvousInfo
 
 log = logging.getLogger("launcher.hangs")
@@ -67,6 +68,20 @@ def _private_dir() -> str:
 
 class HangMonitor:
     """Hang detection and diagnosis for one agent (see the module docstring)."""
+
+    @classmethod
+    def for_plan(cls, plan: LaunchPlan, emit: Callable[..., None]) -> HangMonitor:
+        """The monitor of ``plan.hangs`` (``--hang-timeout``) for the agent running ``plan``."""
+        from launcher.plugins.types import run_log_dir
+
+        assert plan.hangs is not None
+        logs_specs = plan.logs_specs
+        return cls(
+            plan.hangs.timeout, node=plan.node, run_id=plan.run_id, output=plan.hangs.watch_output, emit=emit,
+            # The run's log directory, --log-dir or not (a temporary one is then kept).
+            log_dir=lambda: run_log_dir(logs_specs) or getattr(logs_specs, "_run_log_dir", None),
+            keep_logs=getattr(logs_specs, "keep", None),
+        )
 
     def __init__(self, timeout: float, *, node: str, run_id: str, output: bool = False,
                  log_dir: Callable[[], str | None] | None = None,

@@ -190,6 +190,12 @@ class TCPStoreClient:
                 if self._closed:
                     raise StoreError(f"store client for {self.address} was closed") from exc
                 raise StoreConnectionError(f"connection to the store at {self.address} failed: {exc}") from exc
+            except BaseException:
+                # Anything else mid-call (a signal handler's exception ending a rendezvous, say)
+                # leaves the reply unread: the next call would read it as its own, or wait for one
+                # that never comes. Reconnect instead.
+                self._drop()
+                raise
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None
