@@ -127,7 +127,7 @@ def test_version_prints_the_version_and_exits_zero(marker_script):
 def test_version_after_the_script_is_the_scripts(tmp_path):
     script = tmp_path / "args.py"
     script.write_text("import sys\nprint('script got', sys.argv[1:])\n")
-    result = run_launcher([str(script), "--version"])
+    result = run_launcher(["--standalone", str(script), "--version"])
     assert result.returncode == 0, result.stderr
     assert "script got ['--version']" in result.stdout
 

@@ -35,7 +35,7 @@ def test_disk_threshold_is_validated():
         min_free_bytes({MIN_FREE_ENV: "lots"})
 
 
-def test_python_script_module_and_preload(tmp_path):
+def test_python_script_and_module(tmp_path):
     env = dict(os.environ)
     assert check_python(CheckContext(node="n", env=env, python=sys.executable, script="x.py")).status == HEALTHY
     ok = CheckContext(node="n", env=env, python=sys.executable, module="json.tool", preload=("email",))
@@ -48,8 +48,26 @@ def test_python_script_module_and_preload(tmp_path):
     broken.mkdir()
     (broken / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
     env_broken = {**env, "PYTHONPATH": str(tmp_path)}
-    result = check_python(CheckContext(node="n", env=env_broken, python=sys.executable, preload=("brokenpkg",)))
+    result = check_python(CheckContext(node="n", env=env_broken, python=sys.executable, module="brokenpkg.train"))
     assert result.status == SICK and "RuntimeError: half-installed" in result.reason
+    # --preload modules are the preload template's to import (once per node), not the check's.
+    preloaded = CheckContext(node="n", env=env_broken, python=sys.executable, script="x.py", preload=("brokenpkg",))
+    assert check_python(preloaded).status == HEALTHY
+
+
+def test_python_finds_a_module_entrypoint_from_the_working_directory(tmp_path):
+    # A -m entrypoint's package is looked up from the working directory, as the workers do.
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    context = CheckContext(node="n", env=env, python=sys.executable, module="mypkg.train")
+    assert check_python(context).status == SICK  # not on the path from the test's directory
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert check_python(context).status == HEALTHY
+    finally:
+        os.chdir(old)
 
 
 def test_python_skipped_without_python():

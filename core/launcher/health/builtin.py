@@ -70,10 +70,15 @@ def check_disk(context: CheckContext) -> CheckResult:
 
 
 def python_imports(context: CheckContext) -> list[str]:
-    """What the ``python`` check imports: the ``-m`` entrypoint's top-level package and the
-    ``--preload`` modules (a plain script: nothing, the interpreter only has to start)."""
-    names = [context.module.split(".")[0]] if context.module else []
-    return list(dict.fromkeys([*names, *context.preload]))
+    """What the ``python`` check imports: the ``-m`` entrypoint's top-level package (a plain
+    script: nothing, the interpreter only has to start).
+
+    Not the ``--preload`` modules: the preload template imports them itself, once per node, before
+    any worker, and says in one line when one cannot be imported. Importing them here too would
+    pay their import (seconds for torch) again before every round, which is what --preload is
+    there to save.
+    """
+    return [context.module.split(".")[0]] if context.module else []
 
 
 def check_python(context: CheckContext) -> CheckResult:
