@@ -239,21 +239,12 @@ def stacks_command(argv: Sequence[str]) -> int:
     seconds at most) and the file is named. With a pid, the agent is signalled and the report goes
     to its own stderr and run log directory.
     """
-    from launcher.values import parse_seconds, quote
+    from launcher.subcommand_args import take_seconds, the_target
+    from launcher.values import quote
 
     args = list(argv)
-    wait = DEFAULT_WAIT
-    if "--wait" in args:
-        at = args.index("--wait")
-        if at + 1 >= len(args):
-            raise UsageError(f"launcher stacks: --wait needs a number of seconds; {USAGE}")
-        wait = parse_seconds(args[at + 1], "launcher stacks --wait", zero=False)
-        del args[at : at + 2]
-    if len(args) != 1 or args[0].startswith("-"):
-        extra = args[1] if len(args) > 1 and not args[0].startswith("-") else (args[0] if args else None)
-        what = f"unknown argument {quote(extra)}; " if extra is not None else ""
-        raise UsageError(f"launcher stacks: {what}{USAGE}")
-    target = args[0]
+    wait = take_seconds(args, "--wait", DEFAULT_WAIT, "launcher stacks", USAGE)
+    target = the_target(args, "launcher stacks", USAGE)
     if target.isascii() and target.isdigit():
         pid = int(target)
         _signal(pid)

@@ -137,18 +137,10 @@ def bundle(target: str, output: str | None = None, environ: Mapping[str, str] | 
 
 def bundle_command(argv: Sequence[str]) -> int:
     """``launcher bundle LOGDIR [--output FILE]``: print where the archive went."""
+    from launcher.subcommand_args import take_value, the_target
+
     args = list(argv)
-    output = None
-    if "--output" in args:
-        at = args.index("--output")
-        if at + 1 >= len(args):
-            raise UsageError(f"launcher bundle: --output needs a file name; {USAGE}")
-        output = args[at + 1]
-        del args[at : at + 2]
-    if len(args) != 1 or args[0].startswith("-"):
-        extra = args[1] if len(args) > 1 and not args[0].startswith("-") else (args[0] if args else None)
-        what = f"unknown argument {quote(extra)}; " if extra is not None else ""
-        raise UsageError(f"launcher bundle: {what}{USAGE}")
-    path = bundle(args[0], output)
+    output = take_value(args, "--output", "launcher bundle", USAGE, "a file name")
+    path = bundle(the_target(args, "launcher bundle", USAGE), output)
     print(f"launcher: bundle written to {path} (secrets in the environment redacted; logs are as written)")
     return 0
