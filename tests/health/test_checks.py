@@ -55,6 +55,16 @@ def test_python_script_and_module(tmp_path):
     assert check_python(preloaded).status == HEALTHY
 
 
+def test_a_single_module_entrypoint_is_looked_up_not_run(tmp_path):
+    # -m train: importing it would run the job in the check; it is only found.
+    (tmp_path / "train.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    assert check_python(CheckContext(node="n", env=env, python=sys.executable, module="train")).status == HEALTHY
+    assert not (tmp_path / "ran").exists()
+    result = check_python(CheckContext(node="n", env=env, python=sys.executable, module="no_such_train"))
+    assert result.status == SICK and "No module named 'no_such_train'" in result.reason
+
+
 def test_python_finds_a_module_entrypoint_from_the_working_directory(tmp_path):
     # A -m entrypoint's package is looked up from the working directory, as the workers do.
     (tmp_path / "mypkg").mkdir()

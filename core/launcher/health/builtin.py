@@ -87,7 +87,15 @@ def check_python(context: CheckContext) -> CheckResult:
     if context.python is None:
         return skipped("the workers run a program, not Python (--no-python)")
     names = python_imports(context)
-    code = f"import {', '.join(names)}" if names else "pass"
+    code = "pass"
+    if context.module and "." not in context.module:
+        # ``-m train``: the module is the script itself; importing it would run the job. Only
+        # look it up, which runs nothing of it.
+        missing = f"No module named {context.module!r}"
+        code = (f"import importlib.util\nif importlib.util.find_spec({context.module!r}) is None: "
+                f"raise ModuleNotFoundError({missing!r})")
+    elif names:  # ``-m pkg.train``: the package is imported, as the worker will
+        code = f"import {', '.join(names)}"
     argv = [context.python, "-c", code]
     try:
         result = run_process(argv, context.time_limit, env=context.env or None)
