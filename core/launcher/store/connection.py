@@ -63,6 +63,10 @@ class _Refused(StoreError):
         self.final = final
 
 
+#: Seconds a fresh connection must stay open to count as a live store.
+ALIVE_WAIT = 0.5
+
+
 def reachability_problem(host: str, port: int, timeout: float = 2.0) -> str | None:
     """Why a fresh TCP connection to ``host:port`` fails, or ``None`` when one succeeds.
 
@@ -70,8 +74,17 @@ def reachability_problem(host: str, port: int, timeout: float = 2.0) -> str | No
     more) or cut off (no answer) from a passing hiccup.
     """
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            # A process being killed may still hold its listening socket for a moment: the
+            # kernel completes the handshake, then resets the connection as the socket closes.
+            # A live store sends nothing unasked and keeps the connection open, so a short
+            # wait tells the two apart.
+            sock.settimeout(ALIVE_WAIT)
+            try:
+                closed = sock.recv(1) == b""
+            except TimeoutError:
+                return None
+            return "the connection was closed at once (the store's process is ending)" if closed else None
     except TimeoutError:
         return f"no answer within {timeout:g} s (host down or network cut)"
     except OSError as exc:
