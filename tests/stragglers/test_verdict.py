@@ -146,3 +146,11 @@ def test_every_node_gathers_the_same_intervals() -> None:
     assert decode(keys[0]) == a
     assert gather(keys, [7, 8]) == {7: a[7] + b[7]}  # node b has not published 8 yet
     assert decode(b"not json") == {}
+
+
+def test_a_rank_working_through_the_whole_window_is_named() -> None:
+    # Rank 2 finished no collective in the window while the others sat in one, waiting for it.
+    samples = [RankSample(r, "a", r, 10.0, 9.0, 1, 0) for r in (0, 1, 3)] + [RankSample(2, "a", 2, 10.0, 0.0, 0, 0)]
+    findings = {f.rank: f for f in judge(samples)}
+    assert findings[2].over(DEFAULT_THRESHOLD) and findings[2].ratio == pytest.approx(10.0)
+    assert not any(f.over(DEFAULT_THRESHOLD) for r, f in findings.items() if r != 2)

@@ -226,13 +226,34 @@ def _timed_hook(hook):
 
 
 def _mean_allreduce_hook(process_group, bucket):
-    """What DDP does without a hook: the mean of each bucket over the group (torch's allreduce_hook)."""
+    """What DDP does without a hook: the mean of each bucket over the group (as torch's
+    ``default_hooks.allreduce_hook``), the last bucket's wait timed in the same callback (one
+    Python callback a bucket, as torch's own Python hook: each costs a hand-over of the GIL)."""
     import torch.distributed as dist
 
     group = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    last = bucket.is_last()
+    start = enter() if last else 0.0
+    try:
+        future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    except BaseException:
+        if last:
+            leave(start)
+        raise
+    if not last:
+        return future.then(_first_tensor)
+
+    def done(result):
+        leave(start)
+        return result.value()[0]
+
+    return future.then(done)
+
+
+def _first_tensor(result):
+    return result.value()[0]
 
 
 def patch_ddp(module):
@@ -259,7 +280,7 @@ def patch_ddp(module):
         if not self.__dict__.get("_launcher_hooked"):
             self._launcher_hooked = True
             if not self._comm_hooks and (_state if _state is not None else _open()):
-                register(self, self.process_group, _timed_hook(_mean_allreduce_hook))
+                register(self, self.process_group, _mean_allreduce_hook)  # times its last bucket itself
         return forward(self, *args, **kwargs)
 
     ddp.register_comm_hook = register_comm_hook

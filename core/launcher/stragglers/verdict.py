@@ -146,7 +146,9 @@ def _rate(sample: RankSample) -> float:
 def judge(samples: Sequence[RankSample]) -> list[Finding]:
     """Every rank of ``samples`` (one window) against the median of the others; ``[]`` when
     fewer than two ranks measured anything."""
-    ranks = [s for s in samples if s.span > 0 and (s.collectives > 0 or s.steps > 0 or s.wait > 0)]
+    # A sample comes only from a rank that had measured something before the interval: one with
+    # nothing in this window (computing through it while the others wait) is the likeliest straggler.
+    ranks = [s for s in samples if s.span > 0]
     if len(ranks) < 2:
         return []
     collectives = sum(1 for s in ranks if s.collectives > 0 or s.wait > 0) >= 2
