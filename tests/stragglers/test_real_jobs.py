@@ -48,3 +48,45 @@ def test_off_by_default_the_workers_see_nothing_new(tmp_path):
     # The start-up hook recorded the worker's pid and took itself off the worker's path.
     assert on.returncode == 0 and "'LAUNCHER_STRAGGLER_PID'" in on.stdout and on.stdout.rstrip().endswith("None"), (
         on.stdout + on.stderr)
+
+
+WORKER_SIDE = """
+import os, struct, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+import launcher
+
+def slot():
+    with open(os.environ["LAUNCHER_STRAGGLER_FILE"], "rb") as handle:
+        handle.seek(64 * int(os.environ["LAUNCHER_STRAGGLER_SLOT"]))
+        wait, entered, collectives, step, steps, _ = struct.unpack("<ddqqqd", handle.read(48))
+    return collectives, step, steps, wait >= 0.0 and entered == 0.0
+
+dist.init_process_group("gloo")
+tensor = torch.ones(4)
+dist.all_reduce(tensor)
+dist.barrier()
+dist.broadcast(tensor, 0)
+dist.all_reduce(tensor, async_op=True).wait()  # enqueued only: its wait is at wait(), not timed
+print("blocking", slot())
+model = DistributedDataParallel(torch.nn.Linear(4, 1))
+for step in range(3):
+    model.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    launcher.heartbeat(step)
+print("ddp", slot(), [hook.__name__ for hook, _ in model._comm_hooks])
+print("grad", model.module.weight.grad.tolist() == [[2.0] * 4])  # the mean over one rank: unchanged
+"""
+
+
+def test_the_worker_times_blocking_collectives_ddp_and_steps(tmp_path):
+    # One rank, a real gloo group: what the worker writes into its slot, read back from the file.
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SIDE)
+    result = run_launcher(["--standalone", "--nproc-per-node", "1", "--straggler-detection", str(script)],
+                          env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "blocking (3, 0, 0, True)" in result.stdout, result.stdout + result.stderr[-2000:]
+    # Three backward passes through launcher's DDP hook, registered at the first forward; three steps.
+    assert "ddp (6, 2, 3, True) ['_mean_allreduce_hook']" in result.stdout, result.stdout + result.stderr[-2000:]
+    assert "grad True" in result.stdout, result.stdout
