@@ -95,8 +95,6 @@ class StragglerMonitor:
         self._store: TCPStoreClient | None = None
         #: Every rank ever named, its worst window (kept across attempts), for the final report.
         self.history: dict[int, Finding] = {}
-        #: Windows judged so far (for tests and the benchmark).
-        self.windows = 0
 
     # -- per attempt ---------------------------------------------------------------------------
 
@@ -173,7 +171,6 @@ class StragglerMonitor:
                 intervals = select_window(history, newest)
                 if intervals is None or stop.is_set():
                     continue
-                self.windows += 1
                 findings = judge(window(intervals))
                 log.debug("straggler window of %d intervals: %s", len(intervals),
                           ", ".join(f"rank {f.rank} {f.ratio:.3f}{'' if f.holds_others else ' (holds none)'}"
