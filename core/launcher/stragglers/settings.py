@@ -24,7 +24,7 @@ ACTIONS = ("report",)
 
 #: A rank is a straggler once its share of time outside collectives over the window is at least
 #: this many times the median rank's. 1.15: an even job with 10% random noise per step on every
-#: rank measures at most about 1.07 over a window of 20 steps (the window grows to hold 20), and a
+#: rank measures at most about 1.05 over a window of 20 steps (the window grows to hold 20), and a
 #: rank whose compute is 30% slower measures 1.2 to 1.3 (less than 1.3 where the step also holds
 #: work that is not slowed). See docs/stragglers.md.
 DEFAULT_THRESHOLD = 1.15
