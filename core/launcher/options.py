@@ -40,9 +40,10 @@ def core_groups() -> tuple[FlagGroup[Any], ...]:
     from launcher.preemption import settings as preemption
     from launcher.rendezvous import settings as rendezvous
     from launcher.status import settings as status
+    from launcher.stragglers import settings as stragglers
 
     return (rendezvous.FLAGS, workers.FLAGS, events.FLAGS, logs.FLAGS, numa.FLAGS, hangs.FLAGS,
-            health.FLAGS, status.FLAGS, preemption.FLAGS, workers.PRELOAD_FLAGS, clusters.FLAGS)
+            health.FLAGS, stragglers.FLAGS, status.FLAGS, preemption.FLAGS, workers.PRELOAD_FLAGS, clusters.FLAGS)
 
 
 def flag_groups(manager: LauncherPluginManager | None = None) -> tuple[FlagGroup[Any], ...]:

@@ -55,6 +55,7 @@ def test_every_type_has_a_constant() -> None:
             "group_restarted",
             "membership_changed",
             "node_excluded",
+            "straggler_detected",
             "preempted",
             "job_succeeded",
             "job_failed",

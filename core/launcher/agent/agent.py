@@ -39,6 +39,7 @@ from launcher.plugins.types import finish_logs
 from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
+from launcher.stragglers.settings import monitor_for as straggler_monitor
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.preload import Preloader
@@ -124,6 +125,7 @@ class Agent:
                 from launcher.preemption.watch import PreemptionWatch
                 self._preemption = PreemptionWatch(plan, plan.preemption, self._emit)
                 stack.callback(self._preemption.close)
+            self._stragglers = straggler_monitor(plan, self._emit, stack)  # --straggler-detection (launcher.stragglers)
             watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)
             pump = OutputPump()
@@ -412,6 +414,7 @@ class Agent:
             self._result_dir = make_private_dir("launcher_results_")
         group = WorkerGroup(slots, pump, watchdog, wakeup_fd=self._signals.wakeup_fd)
         self._group = group
+        self._stragglers.attach(envs, group, info)  # --straggler-detection: timing slots into envs (slots share them)
         try:
             group.start(
                 plan.entry,

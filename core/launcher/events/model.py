@@ -48,6 +48,8 @@ GROUP_RESTARTED = "group_restarted"
 MEMBERSHIP_CHANGED = "membership_changed"
 #: A rank stopped making progress (--hang-timeout): every rank's stack was taken.
 HANG_DETECTED = "hang_detected"
+#: The ranks that hold the others changed: a straggler was named, or one cleared (launcher.stragglers).
+STRAGGLER_DETECTED = "straggler_detected"
 #: A node failed a health check and stays out of the job (launcher.health).
 NODE_EXCLUDED = "node_excluded"
 #: The job is being preempted: every rank was told, and has the grace to save and exit (launcher.preemption).
@@ -102,6 +104,12 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
         "groups": 'ranks grouped by identical main-thread stack: [{"ranks": [...], "stack": "f (a.py:1) <- ..."}]',
         "stacks_file": "this node's file with every thread's full stack",
         "outcome": "what happens next: a restart, or the job fails",
+    },
+    STRAGGLER_DETECTED: {
+        "stragglers": ('the ranks named now (empty once all cleared): [{"rank", "node", "local_rank", '
+                       '"ratio" (how many times slower than the median rank), "evidence" (one line)}]'),
+        "cleared": "global ranks no longer named since the last event",
+        "threshold": "the --straggler-threshold ratio in force",
     },
     NODE_EXCLUDED: {
         "excluded_node": "host name of the node kept out of the job",

@@ -52,6 +52,8 @@ _pack_beat = _BEAT.pack_into
 #: ``None`` before the first call; ``()`` when off; ``(mapped page, slot offset)`` when on.
 _state: Any = None
 _mapping: Any = None
+#: launcher.stragglers.timing.record_step, once heartbeat(step) was called.
+_step_writer: Any = None
 
 
 def claim(*, force: bool = False) -> None:
@@ -110,17 +112,33 @@ os.register_at_fork(after_in_child=_forget_in_child)
 claim()
 
 
-def heartbeat() -> None:
+def heartbeat(step: int | None = None) -> None:
     """Tell the agent this rank is making progress (a no-op outside launcher).
 
     Call it once per step (or more often): a rank that has called it once and then does not
     for ``--hang-timeout`` seconds is reported as hung. Costs well under a microsecond.
+    ``step``, the training step just finished, gives ``--straggler-detection`` each rank's step
+    rate (``docs/stragglers.md``).
     """
     state = _state
     if state is None:
         state = _open()
     if state:
         _pack_beat(state[0], state[1], _monotonic())
+    if step is not None:
+        writer = _step_writer
+        if writer is None:
+            writer = _load_step_writer()
+        writer(step)
+
+
+def _load_step_writer() -> Any:
+    # Loaded at the first step given: a job without --straggler-detection maps nothing more.
+    global _step_writer
+    from launcher.stragglers.timing import record_step
+
+    _step_writer = record_step
+    return record_step
 
 
 class quiet:  # noqa: N801 - used like a function: ``with launcher.quiet("checkpoint", timeout=600):``

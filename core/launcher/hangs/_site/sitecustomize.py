@@ -1,4 +1,5 @@
-"""launcher's worker bootstrap for stack dumps on demand (only with ``--hang-timeout``).
+"""launcher's worker bootstrap for stack dumps on demand and collective timing (``--hang-timeout``,
+``--straggler-detection``).
 
 The agent puts this directory first on the worker's ``PYTHONPATH``; Python's ``site`` module
 imports it at start-up, before the training script. It:
@@ -8,9 +9,11 @@ imports it at start-up, before the training script. It:
 2. arms :func:`faulthandler.register` on the signal in ``LAUNCHER_STACKS_SIGNAL``, writing every
    thread's Python stack to ``LAUNCHER_STACKS_FILE``, and records this process's pid in that file
    so the agent signals only a process that is ready (the signal's default action would kill it);
-3. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
+3. with ``--straggler-detection``, loads ``launcher/stragglers/timing.py`` (named in
+   ``LAUNCHER_STRAGGLER_HOOK``), which times the collectives once the user imports them;
+4. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
    would give it and its own children do not load it;
-4. runs the ``sitecustomize`` it shadows, if there is one.
+5. runs the ``sitecustomize`` it shadows, if there is one.
 
 Standard library only, and nothing newer than Python 3.8: the worker's interpreter may not be
 the agent's, and may not have launcher installed.
@@ -45,6 +48,25 @@ def _arm():
     sys.__dict__.setdefault("_launcher_stacks_file", handle)
 
 
+def _time_collectives():
+    # --straggler-detection: the agent names the timing module (launcher/stragglers/timing.py,
+    # standard library only), which waits for the user's import of torch.distributed.
+    path = os.environ.get("LAUNCHER_STRAGGLER_HOOK")
+    if not path or not os.environ.get("LAUNCHER_STRAGGLER_FILE"):
+        return
+    if not os.environ.get("LAUNCHER_STRAGGLER_PID"):
+        os.environ["LAUNCHER_STRAGGLER_PID"] = str(os.getpid())
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_launcher_straggler_timing", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.install()
+
+
 def _unshadow():
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
@@ -71,4 +93,8 @@ if __name__ == "sitecustomize":
         _arm()
     except Exception as exc:  # never stop a worker from starting
         sys.stderr.write(f"launcher: cannot arm stack dumps: {exc}\n")
+    try:
+        _time_collectives()
+    except Exception as exc:  # never stop a worker from starting
+        sys.stderr.write(f"launcher: cannot time the collectives for straggler detection: {exc}\n")
     _unshadow()

@@ -1,0 +1,241 @@
+"""The agent's side of straggler detection: read the ranks' timings, agree on a verdict, say it.
+
+Per job, :func:`launcher.stragglers.settings.monitor_for` makes one :class:`StragglerMonitor`
+(only with ``--straggler-detection``). Per attempt the agent calls :meth:`~StragglerMonitor.attach`
+with the workers' environments and their group, before the group starts: each worker gets a slot
+of a shared-memory file and the start-up hook that times its collectives
+(:mod:`launcher.stragglers.timing`). A daemon thread then wakes at every interval boundary
+(wall-clock multiples of ``--straggler-interval``, the same instants on every node):
+
+1. it reads every local slot (one copy of 64 bytes a rank) and turns the running totals into
+   each rank's sample of the interval that just ended;
+2. on a multi-node job it rewrites this node's one summary key in the workers' store and reads
+   every node's (:mod:`launcher.stragglers.cluster`);
+3. it judges a window of the last intervals every node has published (at least 4, and enough for
+   20 collectives a rank: :func:`launcher.stragglers.verdict.select_window`) and, when the named
+   ranks change, prints one line and emits ``straggler_detected``.
+
+The thread never touches the workers (it only reads their exit codes already collected) and
+uses its own store connection: the agent's main loop waits for none of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from launcher.stragglers import cluster, report
+from launcher.stragglers.settings import StragglerSettings
+from launcher.stragglers.slots import RankTotals, TimingTable
+from launcher.stragglers.timing import STRAGGLER_FILE_ENV, STRAGGLER_HOOK_ENV, STRAGGLER_PID_ENV, STRAGGLER_SLOT_ENV
+from launcher.stragglers.verdict import (
+    MAX_INTERVALS,
+    Finding,
+    RankSample,
+    StragglerTracker,
+    judge,
+    select_window,
+    window,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.group import WorkerGroup
+    from launcher.rendezvous.api import RendezvousInfo
+    from launcher.store.client import TCPStoreClient
+
+log = logging.getLogger("launcher.stragglers")
+
+#: Seconds a store call may take: a slow store delays the next verdict, nothing else.
+STORE_TIMEOUT = 3.0
+#: Fraction of an interval after its boundary at which a node samples (lets a late clock catch up).
+OFFSET = 0.05
+HOOK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timing.py")
+
+
+class _Mark(NamedTuple):
+    at: float
+    wait: float
+    collectives: int
+    steps: int
+    active: bool
+
+
+def _private_dir() -> str:
+    from launcher.private_dirs import make_private_dir
+
+    # The workers write into this file's pages: on tmpfs they never reach a disk.
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
+        with contextlib.suppress(OSError):
+            return make_private_dir("launcher_stragglers_", "/dev/shm")
+    return make_private_dir("launcher_stragglers_")
+
+
+class StragglerMonitor:
+    """Straggler detection for one agent (see the module docstring)."""
+
+    def __init__(self, settings: StragglerSettings, *, node: str, run_id: str,
+                 emit: Callable[..., None] | None = None, out: Any = None) -> None:
+        self.settings = settings
+        self.node = node
+        self.run_id = run_id
+        self._emit = emit
+        self._out = out
+        self.dir = _private_dir()
+        self._attempt = -1
+        self._table: TimingTable | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._store: TCPStoreClient | None = None
+        #: Every rank ever named, its worst window (kept across attempts), for the final report.
+        self.history: dict[int, Finding] = {}
+
+    # -- per attempt ---------------------------------------------------------------------------
+
+    def attach(self, envs: dict[int, dict[str, str]], group: WorkerGroup, info: RendezvousInfo) -> None:
+        """Give each worker (not started yet) its slot and the start-up hook, and watch ``group``."""
+        from launcher.hangs.stacks import SITE_DIR
+
+        self._stop_thread()
+        self._attempt += 1
+        count = max(envs) + 1 if envs else 0
+        table = self._table = TimingTable(os.path.join(self.dir, f"timings.{self._attempt}"), count)
+        for local_rank, env in envs.items():
+            env[STRAGGLER_FILE_ENV] = table.path
+            env[STRAGGLER_SLOT_ENV] = str(local_rank)
+            env[STRAGGLER_HOOK_ENV] = HOOK_FILE
+            env.pop(STRAGGLER_PID_ENV, None)  # recorded by the worker itself at its start-up
+            path = env.get("PYTHONPATH", "")
+            if SITE_DIR not in path.split(os.pathsep):
+                env["PYTHONPATH"] = SITE_DIR + (os.pathsep + path if path else "")
+        own = info.participants[info.group_rank] if 0 <= info.group_rank < len(info.participants) else ""
+        label = own if info.group_world_size > 1 and own else self.node
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(table, group, info, label, self._stop),
+                                        name="launcher-stragglers", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching, remove the file, and print the job's stragglers, if any."""
+        self._stop_thread()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        line = report.final_line(list(self.history.values()))
+        if line is not None:
+            self._print([line])
+
+    def _stop_thread(self) -> None:
+        self._stop.set()
+        store = self._store
+        if store is not None:
+            store.close()  # interrupts a store call the thread is in
+        if self._thread is not None:
+            self._thread.join(timeout=STORE_TIMEOUT + 1.0)
+            self._thread = None
+        if self._table is not None:
+            self._table.close()
+            self._table = None
+
+    # -- the thread ----------------------------------------------------------------------------
+
+    def _run(self, table: TimingTable, group: WorkerGroup, info: RendezvousInfo, label: str,
+             stop: threading.Event) -> None:
+        interval = self.settings.interval
+        multinode = info.group_world_size > 1 and bool(info.master_addr)
+        tracker = StragglerTracker(self.settings.threshold)
+        marks: dict[int, _Mark] = {}
+        local: dict[int, list[RankSample]] = {}  # this node's last intervals (what its key holds)
+        history: dict[int, list[RankSample]] = {}  # every node's, gathered: what windows are made of
+        slots = {slot.local_rank: slot for slot in group.slots}
+        try:
+            while not stop.wait(interval - time.time() % interval + OFFSET * interval):
+                number = int(time.time() // interval) - 1  # the interval that just ended
+                local[number] = self._sample(table.read_all(), slots, marks, label)
+                for old in [n for n in local if n <= number - cluster.KEY_INTERVALS]:
+                    del local[old]
+                if multinode:
+                    # Judged one interval late: by now every node has published it.
+                    newest = number - 1
+                    wanted = [n for n in range(number - cluster.KEY_INTERVALS + 1, number) if n not in history]
+                    history.update(self._exchange(info, local, label, wanted))
+                else:
+                    newest = number
+                    history[number] = local[number]
+                for old in [n for n in history if n <= newest - MAX_INTERVALS]:
+                    del history[old]
+                intervals = select_window(history, newest)
+                if intervals is None or stop.is_set():
+                    continue
+                findings = judge(window(intervals))
+                log.debug("straggler window of %d intervals: %s", len(intervals),
+                          ", ".join(f"rank {f.rank} {f.ratio:.3f}{'' if f.holds_others else ' (holds none)'}"
+                                    for f in findings))
+                change = tracker.update(findings)
+                for rank, finding in tracker.history.items():
+                    if rank not in self.history or finding.ratio > self.history[rank].ratio:
+                        self.history[rank] = finding
+                if change is not None and not stop.is_set():
+                    self._print(report.change_lines(change, self.settings.threshold))
+                    if self._emit is not None:
+                        self._emit("straggler_detected", **report.event_fields(change, self.settings.threshold))
+        except Exception as exc:  # never take the agent down: the job goes on undetected
+            log.warning("straggler detection stopped: %s", exc)
+        finally:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def _sample(self, totals: list[RankTotals], slots: dict[int, Any], marks: dict[int, _Mark],
+                label: str) -> list[RankSample]:
+        """Each running rank's sample since the last look (none for one not measuring yet)."""
+        now = time.monotonic()
+        samples = []
+        for local_rank, t in enumerate(totals):
+            slot = slots.get(local_rank)
+            process = getattr(slot, "process", None)
+            running = process is not None and process.returncode is None
+            mark = _Mark(now, t.wait_at(now), t.collectives, t.steps, t.active)
+            previous = marks.get(local_rank)
+            marks[local_rank] = mark
+            if slot is None or not running or previous is None or not previous.active:
+                continue
+            samples.append(RankSample(slot.global_rank, label, local_rank, now - previous.at,
+                                      max(0.0, mark.wait - previous.wait), mark.collectives - previous.collectives,
+                                      mark.steps - previous.steps))
+        return samples
+
+    def _exchange(self, info: RendezvousInfo, local: dict[int, list[RankSample]], label: str,
+                  wanted: list[int]) -> dict[int, list[RankSample]]:
+        """Publish this node's summary; every node's samples of those intervals of ``wanted`` all have."""
+        keys = [cluster.key(self.run_id, info.round, rank) for rank in range(info.group_world_size)]
+        try:
+            if self._store is None:
+                from launcher.store.client import TCPStoreClient
+
+                self._store = TCPStoreClient(info.master_addr, info.master_port, timeout=STORE_TIMEOUT,
+                                             connect_timeout=STORE_TIMEOUT, refused_timeout=1.0)
+            store = self._store
+            store.set(keys[info.group_rank], cluster.encode(label, local))
+            if not wanted or not store.check(keys):
+                return {}
+            return cluster.gather(store.multi_get(keys, timeout=STORE_TIMEOUT), wanted)
+        except Exception as exc:  # the round's store goes away when the round ends
+            log.debug("cannot exchange straggler summaries: %s", exc)
+            if self._store is not None:
+                self._store.close()
+            self._store = None
+            return {}
+
+    def _print(self, lines: list[str]) -> None:
+        from launcher.logs.pump import CONSOLE_LOCK
+
+        out = self._out if self._out is not None else sys.stderr
+        with CONSOLE_LOCK:
+            for line in lines:
+                out.write(line + "\n")
+            out.flush()

@@ -1,0 +1,69 @@
+"""The agent's view of the straggler file: one slot per local worker (layout in :mod:`launcher.stragglers.timing`).
+
+A :class:`TimingTable` is created zeroed before the workers start and mapped read-only; each
+:meth:`~TimingTable.read_all` is one consistent copy of the whole file (64 bytes a rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+from typing import NamedTuple
+
+from launcher.hangs.heartbeat import stable_copy
+from launcher.stragglers.timing import SLOT_SIZE
+
+_SLOT = struct.Struct("<ddqqqd")
+
+
+class RankTotals(NamedTuple):
+    """One rank's running totals, as its worker last wrote them."""
+
+    #: Seconds in finished collectives.
+    wait: float
+    #: CLOCK_MONOTONIC start of the collective in progress (0: none).
+    entered: float
+    #: Collectives finished.
+    collectives: int
+    #: Last step given to ``launcher.heartbeat(step)`` (meaningless while ``steps`` is 0).
+    step: int
+    #: ``heartbeat(step)`` calls.
+    steps: int
+    #: CLOCK_MONOTONIC of the last one.
+    step_time: float
+
+    def wait_at(self, now: float) -> float:
+        """Seconds in collectives up to ``now``, the one in progress included."""
+        return self.wait + (max(0.0, now - self.entered) if self.entered else 0.0)
+
+    @property
+    def active(self) -> bool:
+        """Whether the rank has measured anything yet (a collective, or a step)."""
+        return self.collectives > 0 or self.entered > 0 or self.steps > 0
+
+
+class TimingTable:
+    """The straggler file of one attempt: ``count`` zeroed slots, mapped by the agent."""
+
+    def __init__(self, path: str, count: int) -> None:
+        self.path = path
+        self.count = count
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, max(1, count) * SLOT_SIZE)
+            self._page = mmap.mmap(fd, max(1, count) * SLOT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+
+    def read_all(self) -> list[RankTotals]:
+        """Every slot, from one consistent copy of the table."""
+        data = stable_copy(self._page, 0, self.count * SLOT_SIZE)
+        return [RankTotals(*_SLOT.unpack_from(data, index * SLOT_SIZE)) for index in range(self.count)]
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError, ValueError):
+            self._page.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)

@@ -1,0 +1,350 @@
+"""The worker's side of straggler detection: how long this rank waits in collectives.
+
+Collectives equalize wall-clock time: in a data-parallel job every rank's step takes as long as
+the slowest rank's, so step times name nobody. What differs is where the time goes. A fast rank
+finishes its work early and *waits* in the collective for the slow one; the slow rank arrives
+last and hardly waits. This module measures, per rank, the seconds spent inside collectives
+(``wait``, which includes the transfer itself, the same for every rank) and the number of
+collectives; the agent derives the time spent outside them (``work``) from the wall clock.
+
+Under launcher with ``--straggler-detection`` the agent loads this file into every worker at
+start-up (``launcher/hangs/_site/sitecustomize.py`` runs :func:`install`). It then waits for the
+*user's* code to import ``torch.distributed`` (a meta-path hook: nothing is imported early) and
+wraps, in place:
+
+* the blocking collectives of ``torch.distributed`` (``all_reduce``, ``broadcast``,
+  ``all_gather``, ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``,
+  ``all_to_all``, ``all_to_all_single``, ``reduce``, ``gather``, ``scatter``, ``barrier``,
+  ``monitored_barrier``). A call with ``async_op=True`` only enqueues: it is passed through
+  untimed (its wait happens at ``work.wait()``);
+* DDP's gradient all-reduce, which the C++ reducer issues without Python: every communication
+  hook registered through ``DistributedDataParallel.register_comm_hook`` is wrapped, and a DDP
+  module that has none at its first ``forward`` gets one that does what DDP's default does
+  (the mean of the gradients, as torch's ``default_hooks.allreduce_hook``). The wait of a
+  backward pass is the time from the launch of its last bucket (the end of this rank's backward
+  compute) to that bucket's result.
+
+Slot layout (little-endian, :data:`SLOT_SIZE` bytes; the agent reads it with
+:mod:`launcher.stragglers.slots`)::
+
+    0   float64  seconds spent in finished collectives
+    8   float64  start of the collective in progress, CLOCK_MONOTONIC (0: none)
+    16  int64    collectives finished
+    24  int64    last step given to launcher.heartbeat(step) (while the next field is 0: none)
+    32  int64    heartbeat(step) calls
+    40  float64  CLOCK_MONOTONIC of the last heartbeat(step)
+
+Each collective costs two ``time.monotonic()`` calls (vDSO, no system call) and two stores into
+the mapped page: no lock, no system call. Only the worker process itself writes (its pid is
+recorded in :data:`STRAGGLER_PID_ENV` at start-up; data-loader workers and other children
+inherit it, find it is not theirs, and stay out).
+
+Standard library only, importable by the worker's interpreter without launcher's agent (and
+nothing newer than Python 3.8: the worker's interpreter may not be the agent's).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+import sys
+import time
+from typing import Any
+
+#: Path of the agent's straggler file (one slot per local worker).
+STRAGGLER_FILE_ENV = "LAUNCHER_STRAGGLER_FILE"
+#: This worker's slot in it (its local rank).
+STRAGGLER_SLOT_ENV = "LAUNCHER_STRAGGLER_SLOT"
+#: The pid of the one process that writes the slot (the worker, recorded at its start-up).
+STRAGGLER_PID_ENV = "LAUNCHER_STRAGGLER_PID"
+#: Path of this file, for the start-up hook (which cannot import launcher).
+STRAGGLER_HOOK_ENV = "LAUNCHER_STRAGGLER_HOOK"
+
+SLOT_SIZE = 64
+_DONE = struct.Struct("<ddq")  # wait total, entered (0), count: one store at a collective's end
+_ENTER = struct.Struct("<d")
+_ENTER_OFFSET = 8
+_STEP = struct.Struct("<qqd")
+_STEP_OFFSET = 24
+
+#: The blocking collectives of torch.distributed (name: wrapped when present in this torch).
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter",
+               "barrier", "monitored_barrier")
+
+_monotonic = time.monotonic
+#: ``None`` before the first use; ``()`` when off; ``(page, offset)`` when on.
+_state: Any = None
+_mapping: Any = None
+#: Running totals of this process (mirrored into the slot).
+_wait = 0.0
+_count = 0
+_steps = 0
+#: Nesting depth: a collective built on others (all_gather_object) is timed once, outermost.
+_depth = 0
+
+
+def _forget_in_child():
+    global _state, _mapping
+    _state = None
+    _mapping = None
+
+
+def _open():
+    """Map this worker's slot, once; ``()`` outside launcher or in a child of the worker."""
+    global _state, _mapping
+    _state = ()
+    path = os.environ.get(STRAGGLER_FILE_ENV)
+    slot = os.environ.get(STRAGGLER_SLOT_ENV, "")
+    if not path or not slot.isdigit():
+        return _state
+    if not os.environ.get(STRAGGLER_PID_ENV):
+        os.environ[STRAGGLER_PID_ENV] = str(os.getpid())
+    if os.environ.get(STRAGGLER_PID_ENV) != str(os.getpid()):
+        return _state  # a data-loader worker, a spawned child: not the rank's time
+    try:
+        import mmap
+
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            offset = int(slot) * SLOT_SIZE
+            if offset + SLOT_SIZE > size:
+                return _state
+            _mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return _state  # measuring must never break training
+    _state = (_mapping, offset)
+    return _state
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def enter():
+    """A blocking collective begins: returns its start time (0.0 when not measuring)."""
+    global _depth
+    state = _state if _state is not None else _open()
+    if not state or _depth:
+        _depth += 1 if state else 0
+        return 0.0
+    _depth = 1
+    start = _monotonic()
+    _ENTER.pack_into(state[0], state[1] + _ENTER_OFFSET, start)
+    return start
+
+
+def leave(start):
+    """The collective that began at ``start`` (from :func:`enter`) is over."""
+    global _depth, _wait, _count
+    state = _state
+    if not state:
+        return
+    _depth = max(0, _depth - 1)
+    if not start:
+        return
+    _wait += _monotonic() - start
+    _count += 1
+    _DONE.pack_into(state[0], state[1], _wait, 0.0, _count)
+
+
+def record_step(step):
+    """``launcher.heartbeat(step)``: this rank reached ``step`` (precise mode)."""
+    global _steps
+    state = _state if _state is not None else _open()
+    if state:
+        _steps += 1
+        _STEP.pack_into(state[0], state[1] + _STEP_OFFSET, int(step), _steps, _monotonic())
+
+
+def _timed(function, async_index):
+    """``function`` (a blocking collective), timed unless called with ``async_op=True``."""
+
+    @functools.wraps(function)
+    def timed(*args, **kwargs):
+        if kwargs.get("async_op") or (async_index is not None and len(args) > async_index and args[async_index]):
+            return function(*args, **kwargs)
+        start = enter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            leave(start)
+
+    timed.__dict__["_launcher_timed"] = True
+    return timed
+
+
+def _async_index(function):
+    import inspect
+
+    try:
+        names = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("async_op") if "async_op" in names else None
+
+
+def patch_collectives(dist):
+    """Wrap the blocking collectives of ``torch.distributed`` (module ``dist``) in place."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    for name in COLLECTIVES:
+        function = getattr(dist, name, None)
+        if function is None or getattr(function, "_launcher_timed", False):
+            continue
+        timed = _timed(function, _async_index(function))
+        setattr(dist, name, timed)
+        # Collectives built on others (all_gather_object, ...) look them up in this module.
+        if c10d is not None and getattr(c10d, name, None) is function:
+            setattr(c10d, name, timed)
+
+
+def _timed_hook(hook):
+    """A DDP communication hook whose last bucket's wait is timed (the end of this rank's backward)."""
+
+    def timed_hook(state, bucket):
+        if not bucket.is_last():
+            return hook(state, bucket)
+        start = enter()
+        try:
+            future = hook(state, bucket)
+        except BaseException:
+            leave(start)
+            raise
+
+        def done(result):
+            leave(start)
+            return result.value()
+
+        return future.then(done)
+
+    # DDP checks the hook's "bucket" parameter and its name (bf16 hooks): keep them.
+    functools.update_wrapper(timed_hook, hook)
+    return timed_hook
+
+
+def _mean_allreduce_hook(process_group, bucket):
+    """What DDP does without a hook: the mean of each bucket over the group (as torch's
+    ``default_hooks.allreduce_hook``), the last bucket's wait timed in the same callback (one
+    Python callback a bucket, as torch's own Python hook: each costs a hand-over of the GIL)."""
+    import torch.distributed as dist
+
+    group = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    last = bucket.is_last()
+    start = enter() if last else 0.0
+    try:
+        future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    except BaseException:
+        if last:
+            leave(start)
+        raise
+    if not last:
+        return future.then(_first_tensor)
+
+    def done(result):
+        leave(start)
+        return result.value()[0]
+
+    return future.then(done)
+
+
+def _first_tensor(result):
+    return result.value()[0]
+
+
+def patch_ddp(module):
+    """Time DDP's gradient all-reduce (module ``torch.nn.parallel.distributed``)."""
+    ddp = getattr(module, "DistributedDataParallel", None)
+    if ddp is None or getattr(ddp, "_launcher_timed", False):
+        return
+    register = ddp.register_comm_hook
+    register_builtin = ddp._register_builtin_comm_hook
+    forward = ddp.forward
+
+    @functools.wraps(register)
+    def register_comm_hook(self, state, hook):
+        self._launcher_hooked = True
+        return register(self, state, _timed_hook(hook))
+
+    @functools.wraps(register_builtin)
+    def register_builtin_comm_hook(self, comm_hook_type):
+        self._launcher_hooked = True  # runs in C++: not timed (docs/stragglers.md)
+        return register_builtin(self, comm_hook_type)
+
+    @functools.wraps(forward)
+    def timed_forward(self, *args, **kwargs):
+        if not self.__dict__.get("_launcher_hooked"):
+            self._launcher_hooked = True
+            if not self._comm_hooks and (_state if _state is not None else _open()):
+                register(self, self.process_group, _mean_allreduce_hook)  # times its last bucket itself
+        return forward(self, *args, **kwargs)
+
+    ddp.register_comm_hook = register_comm_hook
+    ddp._register_builtin_comm_hook = register_builtin_comm_hook
+    ddp.forward = timed_forward
+    ddp._launcher_timed = True
+
+
+_TARGETS = {"torch.distributed": patch_collectives, "torch.nn.parallel.distributed": patch_ddp}
+
+
+class _Finder:
+    """Patches a target module right after it is first executed (the user's import of it)."""
+
+    def find_spec(self, name, path=None, target=None):
+        patch = _TARGETS.get(name)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            _patched(name, module, patch)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_finder = _Finder()
+
+
+def _patched(name, module, patch):
+    try:
+        patch(module)
+    except Exception as exc:  # measuring must never break training
+        sys.stderr.write("launcher: cannot time the collectives of " + name + ": " + str(exc) + "\n")
+    _TARGETS.pop(name, None)
+    if not _TARGETS and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+def install():
+    """Time this worker's collectives once its code imports them (see the module docstring).
+
+    Does nothing outside launcher's straggler detection or in a child of the worker.
+    """
+    if not os.environ.get(STRAGGLER_FILE_ENV):
+        return
+    if not os.environ.get(STRAGGLER_PID_ENV):
+        os.environ[STRAGGLER_PID_ENV] = str(os.getpid())
+    for name, patch in list(_TARGETS.items()):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__spec__", None) is not None:
+            _patched(name, module, patch)  # already imported (a preloaded template)
+    if _TARGETS and _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
