@@ -1,0 +1,1 @@
+"""Recovery in place: healthy workers keep their process across a failure (docs/recovery.md)."""

@@ -1,0 +1,194 @@
+"""The agent's side of recovery in place: leave, re-form, resume.
+
+After a failure the agent asks :meth:`InPlaceRecovery.leave` first. When every local worker runs
+under :func:`launcher.recoverable` (each registered on the channel) and this is a one-node job,
+every live worker is told to leave its function; once each has said so (within
+``--recovery-timeout``), the group is kept: the agent joins the next round through the same
+rendezvous as a restart, then :meth:`InPlaceRecovery.resume` gives each live worker the new
+round's environment and starts a fresh process only in the slots whose process died.
+
+When any of that cannot be done, :meth:`leave` says why in one line and tells every worker
+waiting in the channel to exit (a worker that raised raises again, exits 1 and is reported as
+today); the agent then does its full restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from launcher.failures.exits import describe_exit
+from launcher.recovery.channel import ControlServer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.group import WorkerGroup, WorkerSlot
+    from launcher.recovery.settings import RecoverySettings
+
+log = logging.getLogger("launcher.recovery")
+
+__all__ = ["InPlaceRecovery"]
+
+#: Seconds a worker told to exit (no recovery) has to raise its exception again and end.
+DISMISS_TIMEOUT = 5.0
+
+
+class InPlaceRecovery:
+    """One agent's in-place recovery: the control channel and the steps of a recovery."""
+
+    def __init__(self, settings: RecoverySettings, emit: Callable[..., None]) -> None:
+        self.settings = settings
+        self._emit = emit
+        self.server = ControlServer()
+        #: The reason for the last recovery, for the log line and the event.
+        self.reason = ""
+
+    def close(self) -> None:
+        self.server.close()
+
+    # -- while the workers run -----------------------------------------------------------------
+
+    def prepare(self, envs: dict[int, dict[str, str]]) -> None:
+        """Name the channel in each worker's environment (before the workers start)."""
+        for local_rank, env in envs.items():
+            env.update(self.server.environment(local_rank))
+
+    def attach(self, group: WorkerGroup, wait: Callable[[int], None]) -> None:
+        """Say which pid each slot's worker is (registrations are answered from then on), and
+        let the group's wait wake up when a worker reports that its function raised (``wait``
+        registers the descriptor with the group)."""
+        for slot in group.slots:
+            if slot.process is not None:
+                self.server.expect(slot.local_rank, slot.process.pid)
+        wait(self.server.wakeup_fd)
+
+    def raised(self, group: WorkerGroup) -> list[WorkerSlot]:
+        """The slots whose worker reported that its function raised, earliest first."""
+        self.server.drain_wakeup()
+        found = []
+        for slot in group.slots:
+            link = self.server.link(slot.local_rank)
+            if link is not None and link.state == "raised":
+                found.append((link.raised_at, slot))
+        return [slot for _, slot in sorted(found, key=lambda item: item[0])]
+
+    # -- after a failure -------------------------------------------------------------------------
+
+    def blocker(self, group: WorkerGroup, multi_node: bool, restarts_left: int,
+                unsupported: str | None = None) -> str | None:
+        """Why this failure cannot be recovered in place (``None``: it can)."""
+        if not self.settings.in_place or restarts_left <= 0:
+            return "no restart left" if restarts_left <= 0 else "--recovery restart"
+        missing = [slot for slot in group.slots
+                   if slot.process is not None and slot.process.poll() is None
+                   and self.server.link(slot.local_rank) is None]
+        if missing:
+            named = ", ".join(f"local rank {s.local_rank} (pid {s.process.pid})" for s in missing if s.process)
+            return f"{named} did not register with launcher.recoverable"
+        if not any(self.server.link(slot.local_rank) is not None for slot in group.slots):
+            return "no worker runs under launcher.recoverable"
+        if multi_node:
+            return "in-place recovery across nodes is not available yet"
+        if unsupported is not None:
+            return f"in-place recovery does not support {unsupported} yet"
+        return None
+
+    def describe(self, group: WorkerGroup, failed: list[WorkerSlot]) -> str:
+        """One phrase naming the root cause: the earliest failed slot, raised or ended."""
+        if not failed:
+            return "the group must re-form"
+        first = failed[0]
+        assert first.process is not None
+        link = self.server.link(first.local_rank)
+        if first.process.poll() is None and link is not None and link.error:
+            return f"local rank {first.local_rank} (pid {first.process.pid}) raised {link.error}"
+        code = first.process.returncode
+        ended = describe_exit(code if code is not None and code >= 0 else None,
+                              -code if code is not None and code < 0 else None)
+        return f"local rank {first.local_rank} (pid {first.process.pid}) {ended}"
+
+    def leave(self, group: WorkerGroup, failed: list[WorkerSlot], *, multi_node: bool,
+              restarts_left: int, unsupported: str | None = None) -> bool:
+        """Make every live worker leave its function; whether the group is kept for a recovery
+        in place. When not, one line says why (if the workers used the wrapper at all) and every
+        worker waiting in the channel is told to exit."""
+        why = self.blocker(group, multi_node, restarts_left, unsupported)
+        if why is None:
+            live = [s for s in group.slots if s.process is not None and s.process.poll() is None]
+            for slot in live:
+                self.server.send(slot.local_rank, {"op": "recover"})
+            stuck = self._await_left(group, live)
+            if not stuck:
+                self.reason = self.describe(group, failed)
+                return True
+            why = ", ".join(f"local rank {s.local_rank} (pid {s.process.pid})" for s in stuck if s.process)
+            why += f" did not leave its function within {self.settings.timeout:g}s (--recovery-timeout)"
+        if any(self.server.link(s.local_rank) is not None for s in group.slots) and restarts_left > 0:
+            log.warning("in-place recovery not possible: %s; restarting every worker", why)
+            self._emit("recovery_abandoned", reason=why)
+        self.dismiss(group)
+        return False
+
+    def _await_left(self, group: WorkerGroup, live: list[WorkerSlot]) -> list[WorkerSlot]:
+        """Wait until every worker of ``live`` has left its function or died; those that did neither."""
+        deadline = time.monotonic() + self.settings.timeout
+        while True:
+            stuck = []
+            for slot in live:
+                link = self.server.link(slot.local_rank)
+                assert slot.process is not None
+                if slot.process.poll() is None and (link is None or link.state != "left"):
+                    stuck.append(slot)
+            if not stuck or time.monotonic() >= deadline:
+                return stuck
+            group.wait(0.0)  # notes exits (their descriptors leave the selector)
+            self.server.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def dismiss(self, group: WorkerGroup) -> None:
+        """Tell every worker waiting in the channel to exit; wait (bounded) for those that raised,
+        so their exit status and error file are what the failure report shows."""
+        raised = []
+        for slot in group.slots:
+            link = self.server.link(slot.local_rank)
+            if link is not None and link.state in ("raised", "left"):
+                self.server.send(slot.local_rank, {"op": "exit"})
+                raised.append(slot)
+        deadline = time.monotonic() + DISMISS_TIMEOUT
+        while any(s.process is not None and s.process.poll() is None for s in raised) \
+                and time.monotonic() < deadline:
+            group.wait(0.05)
+
+    # -- the new round ---------------------------------------------------------------------------
+
+    def resume(self, group: WorkerGroup, envs: dict[int, dict[str, str]]) -> list[WorkerSlot]:
+        """Give each live worker its new environment (the variables that changed); the slots
+        whose process died, for the caller to start again. ``envs`` are the new round's
+        environments by local rank."""
+        dead = []
+        for slot in group.slots:
+            env = dict(slot.env)
+            env.update(envs[slot.local_rank])
+            changed = {key: value for key, value in env.items() if slot.env.get(key) != value}
+            slot.env = env
+            alive = slot.process is not None and slot.process.poll() is None
+            if alive and self.server.send(slot.local_rank, {"op": "resume", "env": changed}):
+                self.server.set_state(slot.local_rank, "running")
+                continue
+            if alive and slot.process is not None:  # alive but unreachable: start afresh
+                slot.process.signal_group(signal.SIGKILL)
+                deadline = time.monotonic() + 5.0
+                while slot.process.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            self.server.forget(slot.local_rank)
+            dead.append(slot)
+        return dead
+
+    def record(self, group: WorkerGroup, count: int, left: int, total: int) -> None:
+        """Say that the group recovers in place: one log line and a ``group_restarted`` event."""
+        log.warning("worker group failed: %s; recovering in place (%d of %d restarts left)",
+                    self.reason, left, total)
+        replaced = [s.local_rank for s in group.slots if s.process is not None and s.process.poll() is not None]
+        self._emit("group_restarted", count=count, reason=self.reason, cause="failure", mode="in-place recovery",
+                   replaced=replaced, kept=[s.local_rank for s in group.slots if s.local_rank not in replaced])
