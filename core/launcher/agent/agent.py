@@ -293,6 +293,12 @@ class Agent:
                 self._emit("job_succeeded", restart_count=self._restart_count)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome is WatchOutcome.MEMBERSHIP:
+                kept = self._recover_in_place(group, [], info, handler, None)
+                if isinstance(kept, AgentResult):
+                    return kept
+                if kept is not None:
+                    continue  # re-formed in place: no restart counted
+            if outcome is WatchOutcome.MEMBERSHIP:
                 killed = {s.local_rank for s in group.running()}
                 group.stop(signal.SIGTERM, plan.shutdown_timeout)
                 # Shown if the job then ends in the rendezvous (too few nodes left, say).
@@ -312,15 +318,17 @@ class Agent:
 
                 self._hangs.announce(hang_outcome(remaining_restarts, plan.max_restarts))
             multi = info.group_world_size > 1
-            if hang is None and self._recovery is not None and self._recovery.leave(
-                    group, failed, multi_node=multi, restarts_left=remaining_restarts,
-                    unsupported="--hang-timeout" if self._hangs is not None else None):
-                remaining_restarts -= 1
-                self._restart_count += 1
-                charged = True
-                self._recovery.record(group, self._restart_count, remaining_restarts, plan.max_restarts)
-                self._kept = group  # the next round resumes it (launcher.agent.attempt)
-                continue
+            if hang is None and self._recovery is not None:
+                kept = self._recover_in_place(group, failed, info, handler, remaining_restarts)
+                if isinstance(kept, AgentResult):
+                    return kept
+                if kept is not None:
+                    remaining_restarts -= 1
+                    self._restart_count += 1
+                    charged = True
+                    self._recovery.record(group, self._restart_count, remaining_restarts, plan.max_restarts)
+                    pending = (info, kept[0], kept[1]) if multi else None
+                    continue
             failures, ranks = self._stop_failed(group, failed)
             if self._hangs is not None:
                 self._hangs.detach()
@@ -349,6 +357,34 @@ class Agent:
                                        oom_watch=self._oom_watch)
             self._emit("job_failed", reason="hang" if hang is not None else "worker failure", failures=len(failures))
             return result
+
+    def _recover_in_place(self, group: WorkerGroup, failed: list[WorkerSlot], info: RendezvousInfo,
+                          handler: RendezvousHandler, restarts_left: int | None
+                          ) -> tuple[list[WorkerFailure], list[RankState]] | AgentResult | None:
+        """Keep ``group`` for the next round if its workers can recover in place
+        (:mod:`launcher.recovery.inplace`): then the failures of the dead workers and every rank's
+        state (for a report if the next round cannot form); ``None`` when not (a full restart or
+        re-form follows); the job's end when a node of this round finished (no new round can form).
+        ``restarts_left`` is ``None`` for a re-form, which costs no restart."""
+        if self._recovery is None or not self._recovery.leave(
+                group, failed, restarts_left=1 if restarts_left is None else restarts_left,
+                unsupported="--hang-timeout" if self._hangs is not None else None):
+            return None
+        from launcher.agent.membership import cannot_reform, reform_blocked
+
+        report = self._report
+        failures = report.failures(group, [s for s in failed if s.process is not None and s.process.poll() is not None])
+        ranks = report.rank_states(group, ())
+        finished = reform_blocked(info, handler, report, self.plan.run_id, failures)
+        if finished:  # same as after a restart's stop (launcher.agent.finished)
+            self._recovery.dismiss(group)
+            failures, ranks = self._stop_failed(group, failed)
+            return cannot_reform(info, handler, report, finished, failures, ranks, self._emit,
+                                 oom_watch=self._oom_watch, what="an in-place recovery")
+        if restarts_left is None:
+            log.info("re-forming the group in place: every local worker keeps its process")
+        self._kept = group  # the next round resumes it (launcher.agent.attempt)
+        return failures, ranks
 
     def _close_group(self, group: WorkerGroup) -> None:
         group.close()

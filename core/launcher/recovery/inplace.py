@@ -1,8 +1,8 @@
 """The agent's side of recovery in place: leave, re-form, resume.
 
-After a failure the agent asks :meth:`InPlaceRecovery.leave` first. When every local worker runs
-under :func:`launcher.recoverable` (each registered on the channel) and this is a one-node job,
-every live worker is told to leave its function; once each has said so (within
+After a failure (or when the group must re-form) the agent asks :meth:`InPlaceRecovery.leave`
+first. When every local worker runs under :func:`launcher.recoverable` (each registered on the
+channel), every live worker is told to leave its function; once each has said so (within
 ``--recovery-timeout``), the group is kept: the agent joins the next round through the same
 rendezvous as a restart, then :meth:`InPlaceRecovery.resume` gives each live worker the new
 round's environment and starts a fresh process only in the slots whose process died.
@@ -76,8 +76,7 @@ class InPlaceRecovery:
 
     # -- after a failure -------------------------------------------------------------------------
 
-    def blocker(self, group: WorkerGroup, multi_node: bool, restarts_left: int,
-                unsupported: str | None = None) -> str | None:
+    def blocker(self, group: WorkerGroup, restarts_left: int, unsupported: str | None = None) -> str | None:
         """Why this failure cannot be recovered in place (``None``: it can)."""
         if not self.settings.in_place or restarts_left <= 0:
             return "no restart left" if restarts_left <= 0 else "--recovery restart"
@@ -89,8 +88,6 @@ class InPlaceRecovery:
             return f"{named} did not register with launcher.recoverable"
         if not any(self.server.link(slot.local_rank) is not None for slot in group.slots):
             return "no worker runs under launcher.recoverable"
-        if multi_node:
-            return "in-place recovery across nodes is not available yet"
         if unsupported is not None:
             return f"in-place recovery does not support {unsupported} yet"
         return None
@@ -109,12 +106,12 @@ class InPlaceRecovery:
                               -code if code is not None and code < 0 else None)
         return f"local rank {first.local_rank} (pid {first.process.pid}) {ended}"
 
-    def leave(self, group: WorkerGroup, failed: list[WorkerSlot], *, multi_node: bool,
-              restarts_left: int, unsupported: str | None = None) -> bool:
+    def leave(self, group: WorkerGroup, failed: list[WorkerSlot], *, restarts_left: int,
+              unsupported: str | None = None) -> bool:
         """Make every live worker leave its function; whether the group is kept for a recovery
         in place. When not, one line says why (if the workers used the wrapper at all) and every
         worker waiting in the channel is told to exit."""
-        why = self.blocker(group, multi_node, restarts_left, unsupported)
+        why = self.blocker(group, restarts_left, unsupported)
         if why is None:
             live = [s for s in group.slots if s.process is not None and s.process.poll() is None]
             for slot in live:
