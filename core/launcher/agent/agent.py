@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
     from launcher.hangs.monitor import HangMonitor
+    from launcher.hangs.report import HangReport
     from launcher.plan import LaunchPlan
     from launcher.preemption.watch import PreemptionWatch
     from launcher.recovery.inplace import InPlaceRecovery
@@ -316,17 +317,18 @@ class Agent:
             if hang is not None and self._hangs is not None:
                 from launcher.hangs.report import hang_outcome
 
-                self._hangs.announce(hang_outcome(remaining_restarts, plan.max_restarts))
+                in_place = self._recovery is not None and self._recovery.can_recover(group, remaining_restarts)
+                self._hangs.announce(hang_outcome(remaining_restarts, plan.max_restarts, in_place=in_place))
             multi = info.group_world_size > 1
-            if hang is None and self._recovery is not None:
-                kept = self._recover_in_place(group, failed, info, handler, remaining_restarts)
+            if self._recovery is not None:
+                kept = self._recover_in_place(group, failed, info, handler, remaining_restarts, hang)
                 if isinstance(kept, AgentResult):
                     return kept
                 if kept is not None:
                     remaining_restarts -= 1
                     self._restart_count += 1
                     charged = True
-                    self._recovery.record(group, self._restart_count, remaining_restarts, plan.max_restarts)
+                    self._recovery.record(group, self._restart_count, remaining_restarts, plan.max_restarts, hang)
                     pending = (info, kept[0], kept[1]) if multi else None
                     continue
             failures, ranks = self._stop_failed(group, failed)
@@ -359,7 +361,7 @@ class Agent:
             return result
 
     def _recover_in_place(self, group: WorkerGroup, failed: list[WorkerSlot], info: RendezvousInfo,
-                          handler: RendezvousHandler, restarts_left: int | None
+                          handler: RendezvousHandler, restarts_left: int | None, hang: HangReport | None = None
                           ) -> tuple[list[WorkerFailure], list[RankState]] | AgentResult | None:
         """Keep ``group`` for the next round if its workers can recover in place
         (:mod:`launcher.recovery.inplace`): then the failures of the dead workers and every rank's
@@ -368,8 +370,10 @@ class Agent:
         ``restarts_left`` is ``None`` for a re-form, which costs no restart."""
         if self._recovery is None or not self._recovery.leave(
                 group, failed, restarts_left=1 if restarts_left is None else restarts_left,
-                unsupported="--hang-timeout" if self._hangs is not None else None):
+                unsupported="--hang-watch output" if self._hangs is not None and self._hangs.output else None):
             return None
+        if self._hangs is not None:
+            self._hangs.detach()  # the next round's heartbeat file replaces this one
         from launcher.agent.membership import cannot_reform, reform_blocked
 
         report = self._report
@@ -379,7 +383,7 @@ class Agent:
         if finished:  # same as after a restart's stop (launcher.agent.finished)
             self._recovery.dismiss(group)
             failures, ranks = self._stop_failed(group, failed)
-            return cannot_reform(info, handler, report, finished, failures, ranks, self._emit,
+            return cannot_reform(info, handler, report, finished, failures, ranks, self._emit, hang=hang,
                                  oom_watch=self._oom_watch, what="an in-place recovery")
         if restarts_left is None:
             log.info("re-forming the group in place: every local worker keeps its process")

@@ -114,12 +114,16 @@ def _resume(agent: Agent, group: WorkerGroup, slots: list[WorkerSlot], envs: dic
     """The kept group, in the new round: live workers resume, dead slots start afresh."""
     assert agent._recovery is not None
     agent._kept = None
+    if agent._hangs is not None:  # a new heartbeat file: live workers follow it (launcher.recovery.worker)
+        agent._hangs.prepare(envs)
     if agent._preemption is not None:
         agent._preemption.prepare(envs, info)
     for kept, fresh in zip(group.slots, slots, strict=True):
         kept.global_rank, kept.role_rank = fresh.global_rank, fresh.role_rank
     dead = agent._recovery.resume(group, envs)
     group.respawn(dead)
+    if agent._hangs is not None:
+        agent._hangs.attach(group, info)
     agent._recovery.attach(group, group.add_wakeup)
     if agent._oom_watch is not None:
         agent._oom_watch.snapshot()

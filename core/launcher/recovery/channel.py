@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.private_dirs import make_private_dir, temp_root
-from launcher.recovery.worker import SLOT_ENV, SOCKET_ENV
+from launcher.recovery import SLOT_ENV, SOCKET_ENV
 
 __all__ = ["ControlServer", "WorkerLink"]
 

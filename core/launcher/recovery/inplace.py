@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from launcher.failures.exits import describe_exit
 from launcher.recovery.channel import ControlServer
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup, WorkerSlot
+    from launcher.hangs.report import HangReport
     from launcher.recovery.settings import RecoverySettings
 
 log = logging.getLogger("launcher.recovery")
@@ -92,6 +92,10 @@ class InPlaceRecovery:
             return f"in-place recovery does not support {unsupported} yet"
         return None
 
+    def can_recover(self, group: WorkerGroup, restarts_left: int) -> bool:
+        """Whether a recovery in place can be tried now (it may still fall back, see :meth:`leave`)."""
+        return self.blocker(group, restarts_left) is None
+
     def describe(self, group: WorkerGroup, failed: list[WorkerSlot]) -> str:
         """One phrase naming the root cause: the earliest failed slot, raised or ended."""
         if not failed:
@@ -101,6 +105,8 @@ class InPlaceRecovery:
         link = self.server.link(first.local_rank)
         if first.process.poll() is None and link is not None and link.error:
             return f"local rank {first.local_rank} (pid {first.process.pid}) raised {link.error}"
+        from launcher.failures.exits import describe_exit
+
         code = first.process.returncode
         ended = describe_exit(code if code is not None and code >= 0 else None,
                               -code if code is not None and code < 0 else None)
@@ -182,10 +188,13 @@ class InPlaceRecovery:
             dead.append(slot)
         return dead
 
-    def record(self, group: WorkerGroup, count: int, left: int, total: int) -> None:
+    def record(self, group: WorkerGroup, count: int, left: int, total: int, hang: HangReport | None = None) -> None:
         """Say that the group recovers in place: one log line and a ``group_restarted`` event."""
-        log.warning("worker group failed: %s; recovering in place (%d of %d restarts left)",
-                    self.reason, left, total)
+        if hang is not None:
+            self.reason = f"{hang.reason} (detected by {hang.detected_by})"
+        log.warning("worker group %s: %s; recovering in place (%d of %d restarts left)",
+                    "hung" if hang is not None else "failed", self.reason, left, total)
         replaced = [s.local_rank for s in group.slots if s.process is not None and s.process.poll() is not None]
-        self._emit("group_restarted", count=count, reason=self.reason, cause="failure", mode="in-place recovery",
+        self._emit("group_restarted", count=count, reason=self.reason, cause="hang" if hang is not None else "failure",
+                   mode="in-place recovery",
                    replaced=replaced, kept=[s.local_rank for s in group.slots if s.local_rank not in replaced])

@@ -38,14 +38,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from launcher.recovery import PID_ENV, SLOT_ENV, SOCKET_ENV
+
 __all__ = ["PID_ENV", "SLOT_ENV", "SOCKET_ENV", "RecoveryInterrupt", "recoverable"]
 
-#: Path of the agent's control socket.
-SOCKET_ENV = "LAUNCHER_RECOVERY_SOCKET"
-#: This worker's slot (its local rank).
-SLOT_ENV = "LAUNCHER_RECOVERY_SLOT"
-#: The pid of the worker process (recorded at its first call; children inherit it and stay out).
-PID_ENV = "LAUNCHER_RECOVERY_PID"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -265,7 +261,22 @@ def _run(channel: _Channel, fn: Callable[..., Any], args: tuple[Any, ...], kwarg
             message = {"op": "exit"}
         if message.get("op") == "exit":
             raise SystemExit(1)
-        os.environ.update(message.get("env", {}))
+        changed = message.get("env", {})
+        os.environ.update(changed)
+        _follow_hang_watch(changed)
+
+
+def _follow_hang_watch(changed: dict[str, str]) -> None:
+    """With ``--hang-timeout``, each attempt has its own heartbeat file and stacks files: beat into
+    and dump stacks to the new attempt's (what a fresh worker's start-up does)."""
+    heartbeat = sys.modules.get("launcher.hangs.heartbeat")
+    if heartbeat is not None and "LAUNCHER_HEARTBEAT_FILE" in changed:
+        heartbeat._forget_in_child()  # drops the old mapping: the next beat maps the new slot
+    if "LAUNCHER_STACKS_FILE" in changed:
+        from launcher.hangs import stacks
+
+        os.environ.pop(stacks.STACKS_ARMED_ENV, None)
+        stacks.arm_here(os.environ)
 
 
 def recoverable(fn: F) -> F:
