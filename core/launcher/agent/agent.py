@@ -450,7 +450,7 @@ class Agent:
                 return WatchOutcome.PREEMPTED, []  # workers that ended meanwhile were saving, not failing
             failed = [s for s in ended if s.process is not None and s.process.returncode != 0]
             if self._recovery is not None:  # a worker whose function raised waits in launcher.recoverable
-                failed += [s for s in self._recovery.raised(group) if s not in failed]
+                failed = self._recovery.failed(group, failed)
             if failed:
                 # Collect every worker that already failed, so the root cause is the earliest.
                 failed += [

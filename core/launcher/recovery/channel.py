@@ -115,10 +115,13 @@ class ControlServer:
         return True
 
     def set_state(self, slot: int, state: str) -> None:
+        """Note the worker of ``slot`` as ``state`` (``running``: resumed, its last error forgotten)."""
         with self._lock:
             link = self._links.get(slot)
             if link is not None:
                 link.state = state
+                if state == "running":
+                    link.error, link.raised_at = "", 0.0
 
     def wait(self, timeout: float) -> None:
         """Block until a worker says something, or ``timeout`` seconds."""

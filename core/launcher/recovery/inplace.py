@@ -31,6 +31,8 @@ log = logging.getLogger("launcher.recovery")
 
 __all__ = ["InPlaceRecovery"]
 
+#: Seconds a failed exit gets to show up after a raise is reported (see :meth:`InPlaceRecovery.failed`).
+DEATH_GRACE = 0.02
 #: Seconds a worker told to exit (no recovery) has to raise its exception again and end.
 DISMISS_TIMEOUT = 5.0
 
@@ -73,6 +75,19 @@ class InPlaceRecovery:
             if link is not None and link.state == "raised":
                 found.append((link.raised_at, slot))
         return [slot for _, slot in sorted(found, key=lambda item: item[0])]
+
+    def failed(self, group: WorkerGroup, exited: list[WorkerSlot]) -> list[WorkerSlot]:
+        """The failed slots, root cause first: ``exited`` (failed exits just seen), the other
+        failed exits, then the workers that reported a raise, earliest first.
+
+        A worker's death breaks its peers' collectives, so their raise follows it: when only raises
+        are seen, an exit gets :data:`DEATH_GRACE` seconds to show up, and comes first."""
+        raised = self.raised(group)
+        if raised and not exited:
+            group.wait(DEATH_GRACE)  # returns at once on an exit
+        dead = [s for s in group.slots
+                if s not in exited and s.process is not None and s.process.poll() not in (None, 0)]
+        return [*exited, *dead, *(s for s in raised if s not in exited and s not in dead)]
 
     # -- after a failure -------------------------------------------------------------------------
 
