@@ -102,3 +102,33 @@ def test_bad_recovery_flags_are_one_line_and_exit_2(write_script):
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], result.stderr
+
+
+#: Local rank 0 raises; local rank 1 is in a long C call (time.sleep) that an interrupt cannot end.
+STUCK = """
+import os, time
+import launcher
+
+@launcher.recoverable
+def work():
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    print(f"rank {os.environ['RANK']} pid {os.getpid()} attempt {attempt}", flush=True)
+    if attempt == "0":
+        if os.environ["LOCAL_RANK"] == "0":
+            time.sleep(0.5)
+            raise ValueError("boom")
+        time.sleep(60)
+
+work()
+"""
+
+
+def test_a_worker_that_does_not_leave_in_time_means_a_full_restart(write_script):
+    result = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--recovery-timeout", "1",
+                           write_script("stuck.py", STUCK)], timeout=60)
+    assert result.returncode == 0, result.stderr
+    why = [line for line in result.stderr.splitlines() if "in-place recovery not possible" in line]
+    assert len(why) == 1, result.stderr
+    assert "local rank 1 (pid" in why[0] and "did not leave its function within 1s (--recovery-timeout)" in why[0]
+    assert "restarting (0 of 1 restarts left)" in result.stderr
+    assert len({pid for pid, _ in attempts(result.stdout, 1)}) == 2  # the stuck one was replaced
