@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -39,9 +40,10 @@ def attempts(stdout: str, rank: int) -> list[tuple[int, int]]:
     return found
 
 
-def test_a_rank_without_the_wrapper_means_a_full_restart(write_script):
-    result = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                           write_script("mixed.py", SCRIPT)])
+def test_a_rank_without_the_wrapper_means_a_full_restart(write_script, tmp_path):
+    events = tmp_path / "events.jsonl"
+    result = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--event-log-handler",
+                           "jsonl", write_script("mixed.py", SCRIPT)], env={"LAUNCHER_EVENTS_FILE": str(events)})
     assert result.returncode == 0, result.stderr
     why = [line for line in result.stderr.splitlines() if "in-place recovery not possible" in line]
     assert len(why) == 1, result.stderr
@@ -51,6 +53,9 @@ def test_a_rank_without_the_wrapper_means_a_full_restart(write_script):
     assert "recovering in place" not in result.stderr
     first, second = attempts(result.stdout, 0)
     assert first[1] == 0 and second[1] == 1 and first[0] != second[0]  # a new process
+    [restart] = [json.loads(line)["data"] for line in events.read_text().splitlines()
+                 if json.loads(line)["type"] == "group_restarted"]
+    assert restart["mode"] == "restart" and "did not register with launcher.recoverable" in restart["fallback"]
 
 
 def test_recovery_restart_flag_restarts_every_worker(write_script):

@@ -22,9 +22,12 @@ RELEASE_BOUND_S = 15.0
 
 def toy_run(tmp_path: Path, name: str, fail: str = "", delay: str = "0",
             extra: tuple[str, ...] = ()) -> tuple[Any, dict[int, list[dict[str, Any]]]]:
+    """Run the example; its records by rank. The job's events go to ``tmp_path/<name>.events.jsonl``."""
     out = tmp_path / name
     out.mkdir()
-    env = {"TOY_OUT": str(out), "TOY_STEPS": "8", "TOY_FAIL": fail, "TOY_FAIL_DELAY": delay}
+    env = {"TOY_OUT": str(out), "TOY_STEPS": "8", "TOY_FAIL": fail, "TOY_FAIL_DELAY": delay,
+           "LAUNCHER_EVENTS_FILE": str(tmp_path / f"{name}.events.jsonl")}
+    extra = ("--event-log-handler", "jsonl", *extra)
     result = run_launcher(["--standalone", "--nproc-per-node", str(NPROC), "--max-restarts", "2", *extra, EXAMPLE],
                           env=env, timeout=180)
     records = {rank: [json.loads(line) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
@@ -50,13 +53,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[float]
 
 
 @pytest.fixture(scope="module")
-def raised(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[int, list[dict[str, Any]]]]:
+def raised(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[int, list[dict[str, Any]]], Path]:
     # Rank 2 waits a second at step 5, so that ranks 0 and 1 are blocked in that step's all-reduce.
-    return toy_run(tmp_path_factory.mktemp("raised"), "raised", fail="2:5:raise", delay="1")
+    base = tmp_path_factory.mktemp("raised")
+    return (*toy_run(base, "raised", fail="2:5:raise", delay="1"), base / "raised.events.jsonl")
 
 
 def test_a_rank_that_raises_recovers_in_place(raised, reference):
-    result, records = raised
+    result, records, _ = raised
     assert result.returncode == 0, result.stderr
     assert "local rank 2 (pid" in result.stderr and "raised RuntimeError: rank 2 fails at step 5" in result.stderr
     assert "recovering in place (1 of 2 restarts left)" in result.stderr
@@ -69,8 +73,19 @@ def test_a_rank_that_raises_recovers_in_place(raised, reference):
     assert finals(records) == reference
 
 
+def test_the_events_say_in_place_recovery(raised):
+    events = [json.loads(line) for line in raised[2].read_text().splitlines()]
+    [restart] = [e["data"] for e in events if e["type"] == "group_restarted"]
+    assert restart["mode"] == "in-place recovery" and restart["count"] == 1 and restart["cause"] == "failure"
+    assert restart["kept"] == [0, 1, 2] and restart["replaced"] == []
+    assert "raised RuntimeError: rank 2 fails at step 5" in restart["reason"]
+    started = [e["data"] for e in events if e["type"] == "workers_started"]
+    assert [(s["restart_count"], s.get("in_place", False)) for s in started] == [(0, False), (1, True)]
+    assert [w["pid"] for w in started[0]["workers"]] == [w["pid"] for w in started[1]["workers"]]
+
+
 def test_a_rank_blocked_in_a_collective_is_released(raised):
-    _, records = raised
+    _, records, _ = raised
     failed_at = next(r["t"] for r in records[2] if r["event"] == "failing")
     for rank in (0, 1):
         released = [r for r in records[rank] if r["event"] == "released"]

@@ -353,7 +353,8 @@ class Agent:
                 remaining_restarts -= 1
                 self._restart_count += 1
                 charged = True
-                announce_restart(failures, hang, self._restart_count, remaining_restarts, plan.max_restarts, self._emit)
+                announce_restart(failures, hang, self._restart_count, remaining_restarts, plan.max_restarts, self._emit,
+                                 self._recovery.fallback if self._recovery is not None else None)
                 continue
             result = report.job_failed(info, handler, failures, ranks, closer=True, hang=hang,
                                        oom_watch=self._oom_watch)

@@ -41,8 +41,9 @@ def stop_failed(group: WorkerGroup, failed: list[WorkerSlot] | None, shutdown_ti
 
 
 def announce_restart(failures: list[WorkerFailure], hang: HangReport | None, count: int, left: int, total: int,
-                     emit: Callable[..., Any]) -> None:
-    """One log line and a ``group_restarted`` event: the group restarts after ``failures`` (or ``hang``)."""
+                     emit: Callable[..., Any], fallback: str | None = None) -> None:
+    """One log line and a ``group_restarted`` event: the group restarts after ``failures`` (or ``hang``);
+    ``fallback``: why it is not an in-place recovery, when the workers used launcher.recoverable."""
     first = failures[0]
     ended = describe_exit(first.exitcode, first.signal)
     reason = f"local rank {first.local_rank} (pid {first.pid}) {ended}"
@@ -50,5 +51,6 @@ def announce_restart(failures: list[WorkerFailure], hang: HangReport | None, cou
         reason = f"{hang.reason} (detected by {hang.detected_by})"
     log.warning("worker group %s: %s; restarting (%d of %d restarts left)",
                 "hung" if hang is not None else "failed", reason, left, total)
+    extra = {"fallback": fallback} if fallback else {}
     emit("group_restarted", count=count, reason=reason, cause="hang" if hang is not None else "failure",
-         mode="restart")
+         mode="restart", **extra)

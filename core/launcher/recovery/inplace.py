@@ -46,6 +46,8 @@ class InPlaceRecovery:
         self.server = ControlServer()
         #: The reason for the last recovery, for the log line and the event.
         self.reason = ""
+        #: Why the last failure could not be recovered in place, when the workers used the wrapper.
+        self.fallback: str | None = None
 
     def close(self) -> None:
         self.server.close()
@@ -132,6 +134,7 @@ class InPlaceRecovery:
         """Make every live worker leave its function; whether the group is kept for a recovery
         in place. When not, one line says why (if the workers used the wrapper at all) and every
         worker waiting in the channel is told to exit."""
+        self.fallback = None
         why = self.blocker(group, restarts_left, unsupported)
         if why is None:
             live = [s for s in group.slots if s.process is not None and s.process.poll() is None]
@@ -145,7 +148,7 @@ class InPlaceRecovery:
             why += f" did not leave its function within {self.settings.timeout:g}s (--recovery-timeout)"
         if any(self.server.link(s.local_rank) is not None for s in group.slots) and restarts_left > 0:
             log.warning("in-place recovery not possible: %s; restarting every worker", why)
-            self._emit("recovery_abandoned", reason=why)
+            self.fallback = why
         self.dismiss(group)
         return False
 
