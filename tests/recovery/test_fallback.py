@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
-from tests.conftest import launcher_env, run_launcher
+from tests.conftest import LAUNCHER, launcher_env, run_launcher
 
 #: Local rank 0 raises in its first attempt; local rank 1 runs the same code without the wrapper
 #: when WRAP_ALL is unset (it is still running, unregistered, when rank 0 raises).
@@ -137,3 +139,29 @@ def test_a_worker_that_does_not_leave_in_time_means_a_full_restart(write_script)
     assert "local rank 1 (pid" in why[0] and "did not leave its function within 1s (--recovery-timeout)" in why[0]
     assert "restarting (0 of 1 restarts left)" in result.stderr
     assert len({pid for pid, _ in attempts(result.stdout, 1)}) == 2  # the stuck one was replaced
+
+
+def test_a_signal_ends_the_wait_for_workers_to_leave(write_script):
+    """SIGTERM while a worker is stuck and the agent waits (--recovery-timeout 60) for it to leave:
+    the agent stops at once, as it does at any other time."""
+    process = subprocess.Popen([*LAUNCHER, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                                "--recovery-timeout", "60", write_script("stuck.py", STUCK)],
+                               env=launcher_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:  # rank 0's traceback is printed before it reports the raise
+            seen.append(line)
+            if "ValueError: boom" in line:
+                break
+        time.sleep(0.5)  # the agent is waiting for local rank 1, stuck in time.sleep(60)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        rest = process.communicate(timeout=50)[1]
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
+    assert took < 30, f"took {took:.1f} s after SIGTERM\n{rest}"
+    assert "recovering in place" not in rest

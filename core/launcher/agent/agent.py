@@ -133,7 +133,8 @@ class Agent:
                 from launcher.recovery.inplace import InPlaceRecovery
                 from launcher.recovery.settings import RecoverySettings
 
-                self._recovery = InPlaceRecovery(recovery or RecoverySettings(), self._emit)
+                self._recovery = InPlaceRecovery(recovery or RecoverySettings(), self._emit,
+                                                 lambda: self._signals.received is not None)
                 stack.callback(self._recovery.close)
             watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)

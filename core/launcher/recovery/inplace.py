@@ -40,9 +40,13 @@ DISMISS_TIMEOUT = 5.0
 class InPlaceRecovery:
     """One agent's in-place recovery: the control channel and the steps of a recovery."""
 
-    def __init__(self, settings: RecoverySettings, emit: Callable[..., None]) -> None:
+    def __init__(self, settings: RecoverySettings, emit: Callable[..., None],
+                 interrupted: Callable[[], bool] = lambda: False) -> None:
+        """``interrupted`` says whether the agent received a signal: waiting for the workers to
+        leave then ends at once (the agent stops them all)."""
         self.settings = settings
         self._emit = emit
+        self._interrupted = interrupted
         self.server = ControlServer()
         #: The reason for the last recovery, for the log line and the event.
         self.reason = ""
@@ -146,6 +150,8 @@ class InPlaceRecovery:
                 return True
             why = ", ".join(f"local rank {s.local_rank} (pid {s.process.pid})" for s in stuck if s.process)
             why += f" did not leave its function within {self.settings.timeout:g}s (--recovery-timeout)"
+            if self._interrupted():
+                why = "the agent received a signal"
         if any(self.server.link(s.local_rank) is not None for s in group.slots) and restarts_left > 0:
             log.warning("in-place recovery not possible: %s; restarting every worker", why)
             self.fallback = why
@@ -162,7 +168,7 @@ class InPlaceRecovery:
                 assert slot.process is not None
                 if slot.process.poll() is None and (link is None or link.state != "left"):
                     stuck.append(slot)
-            if not stuck or time.monotonic() >= deadline:
+            if not stuck or time.monotonic() >= deadline or self._interrupted():
                 return stuck
             group.wait(0.0)  # notes exits (their descriptors leave the selector)
             self.server.wait(min(0.05, max(0.0, deadline - time.monotonic())))
