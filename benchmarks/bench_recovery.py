@@ -12,6 +12,7 @@ Measured: seconds from the failure (the rank's own timestamp, just before it rai
 rank has finished the first all-reduce of the next attempt (each rank's timestamp; the hosts share a clock).
 
 - ``in-place``: launcher, as is (live workers keep their process; a dead one is replaced);
+- ``in-place-preload``: the same with ``--preload torch`` (a replacement is forked from a template);
 - ``restart``: launcher with ``--recovery restart`` (every worker stopped and started again);
 - ``torchrun``: ``python -m torch.distributed.run`` (``is_host`` set on the first node; the wrapper is a
   pass-through there).
@@ -80,6 +81,8 @@ def run(tool: str, scenario: str, cap: float, out: Path, step_sleep: float) -> d
                     "--local-addr", net[i].addr]
             if tool == "restart":
                 args += ["--recovery", "restart"]
+            if tool == "in-place-preload":  # a replacement is forked from a template that has torch
+                args += ["--preload", "torch"]
             if tool == "torchrun" and i == 0:
                 args += ["--rdzv-conf", "is_host=true"]
             agents.append(AgentProcess(net[i], f"node{i}", [*args, EXAMPLE], out, agent_env(net[i], env), program))

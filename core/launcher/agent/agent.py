@@ -128,16 +128,16 @@ class Agent:
                 from launcher.preemption.watch import PreemptionWatch
                 self._preemption = PreemptionWatch(plan, plan.preemption, self._emit)
                 stack.callback(self._preemption.close)
+            watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
+            stack.callback(watchdog.stop)
             recovery = plan.settings.get("recovery")
             if recovery is None or recovery.in_place:  # one bind and one thread: launcher.recovery.channel
                 from launcher.recovery.inplace import InPlaceRecovery
                 from launcher.recovery.settings import RecoverySettings
 
-                self._recovery = InPlaceRecovery(recovery or RecoverySettings(), self._emit,
+                self._recovery = InPlaceRecovery(recovery or RecoverySettings(), watchdog.token, self._emit,
                                                  lambda: self._signals.received is not None)
                 stack.callback(self._recovery.close)
-            watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
-            stack.callback(watchdog.stop)
             pump = OutputPump()
             stack.callback(pump.close)
             try:

@@ -47,8 +47,6 @@ def _slots(agent: Agent, info: RendezvousInfo) -> tuple[list[WorkerSlot], dict[i
                                  (ranks.world_size, ranks.role_world_size), agent._restart_count)
         envs[local_rank] = env
         slots.append(WorkerSlot(local_rank, global_rank, role_rank, env))
-    if agent._recovery is not None:
-        agent._recovery.prepare(envs)
     return slots, envs
 
 

@@ -172,6 +172,10 @@ class WorkerGroup:
         """Start a fresh process in each of ``slots``, whose process has ended (recovery in place:
         the group's other workers keep theirs). Same routes and options as :meth:`start`."""
         assert self._launch is not None, "respawn() before start()"
+        preload = self._preload  # --preload: forked from the template, which has torch already
+        if preload is not None and slots and not preload.prepare(
+                [job_env(slot.env, self._watchdog.token) for slot in self.slots], self._wakeup_fd):
+            preload = None
         for slot in slots:
             old = slot.process
             if old is not None:
@@ -183,7 +187,7 @@ class WorkerGroup:
                     self._selector.unregister(old.fileno())
                 old.close()
             slot.process = None
-            self._start_slot(slot, self._launch, None)
+            self._start_slot(slot, self._launch, preload)
 
     def add_wakeup(self, fd: int) -> None:
         """Make :meth:`wait` return early when ``fd`` is readable too (it reads what is there)."""

@@ -1,12 +1,14 @@
 """The agent's end of the workers' control channel for recovery in place.
 
-One Unix stream socket per agent, in a private directory (mode 0700), named to each worker in its
-environment with its slot (:mod:`launcher.recovery.worker` describes the messages). A daemon
-thread accepts the workers' connections and reads their messages; it answers a registration only
-once the agent has said which pid each slot's worker has (:meth:`ControlServer.expect`), so that
-a child of a worker, which inherits the same variables, never passes for it. A worker's report
-that its function raised makes :attr:`ControlServer.wakeup_fd` readable, so the agent's watch
-loop, which selects on it beside the workers' exit descriptors, sees it at once.
+One abstract Unix stream socket per agent, named after the job's token
+(:func:`launcher.recovery.socket_address`; :mod:`launcher.recovery.worker` describes the
+messages). A daemon thread accepts the workers' connections and reads their messages. A
+connection is a slot's worker when the kernel says its process is the pid the agent started in
+that slot (``SO_PEERCRED``): a child of a worker, which inherits the token, or any other process
+is refused. Until the agent has said which pids its workers are (:meth:`ControlServer.expect`),
+a registration waits for the answer. A worker's report that its function raised makes
+:attr:`ControlServer.wakeup_fd` readable, so the agent's watch loop, which selects on it beside
+the workers' exit descriptors, sees it at once.
 
 Nothing here runs before the first worker starts but one ``bind`` and one thread start.
 """
@@ -17,18 +19,17 @@ import contextlib
 import os
 import selectors
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.private_dirs import make_private_dir, temp_root
-from launcher.recovery import SLOT_ENV, SOCKET_ENV
+from launcher.recovery import socket_address
 
 __all__ = ["ControlServer", "WorkerLink"]
 
-#: Longest socket path Linux accepts is 107 bytes; a deep $TMPDIR falls back to /tmp.
-_MAX_PATH = 100
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 @dataclass
@@ -44,29 +45,23 @@ class WorkerLink:
     error: str = ""
     #: When it reported ``raised`` (``time.time()``).
     raised_at: float = 0.0
-    #: Whether the agent accepted it (its pid is the slot's worker).
-    accepted: bool = False
 
 
 class ControlServer:
     """The listening socket, its reader thread and what each slot's worker said last."""
 
-    def __init__(self) -> None:
-        root = temp_root()
-        if len(root) > _MAX_PATH - 40:
-            root = "/tmp"
-        self.dir = make_private_dir("launcher_recovery_", root)
-        self.path = os.path.join(self.dir, "control.sock")
+    def __init__(self, token: str) -> None:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
+        self._listener.bind(socket_address(token))
         self._listener.listen(256)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._lock = threading.Condition()
         self._links: dict[int, WorkerLink] = {}
-        self._expected: dict[int, int] = {}
-        self._closing = False
+        #: pid -> slot, once the agent said (None before: registrations wait in ``_pending``).
+        self._expected: dict[int, int] | None = None
+        self._pending: list[tuple[socket.socket, int]] = []
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._stop_r, self._stop_w = os.pipe()
@@ -79,27 +74,29 @@ class ControlServer:
         """Readable when a worker reported that its function raised."""
         return self._wake_r
 
-    def environment(self, local_rank: int) -> dict[str, str]:
-        """The variables that name the channel to the worker of ``local_rank``."""
-        return {SOCKET_ENV: self.path, SLOT_ENV: str(local_rank)}
-
     # -- the agent's side ----------------------------------------------------------------------
 
-    def expect(self, slot: int, pid: int) -> None:
-        """The worker of ``slot`` is ``pid``: its registration is accepted, any other refused."""
+    def expect(self, pids: dict[int, int]) -> None:
+        """The workers now: their pid by slot. Their registrations are accepted, any other refused."""
         with self._lock:
-            self._expected[slot] = pid
-            link = self._links.get(slot)
-            if link is not None and link.pid != pid:
-                self._drop(link)
-            elif link is not None and not link.accepted:
-                self._accept(link)
+            self._expected = {pid: slot for slot, pid in pids.items()}
+            for link in list(self._links.values()):  # a link of a process that ended
+                if self._expected.get(link.pid) != link.slot:
+                    self._drop(link)
+            pending, self._pending = self._pending, []
+            for conn, pid in pending:
+                self._decide(conn, pid)
+
+    def hold(self) -> None:
+        """New workers are starting: registrations wait for the next :meth:`expect` (their pids
+        are not known yet, and must not be refused meanwhile)."""
+        with self._lock:
+            self._expected = None
 
     def link(self, slot: int) -> WorkerLink | None:
-        """The accepted worker of ``slot``, if it registered."""
+        """The worker of ``slot``, if it registered."""
         with self._lock:
-            link = self._links.get(slot)
-            return link if link is not None and link.accepted else None
+            return self._links.get(slot)
 
     def send(self, slot: int, message: dict[str, Any]) -> bool:
         """Send ``message`` to the worker of ``slot``; whether it could be sent."""
@@ -134,16 +131,13 @@ class ControlServer:
             link = self._links.get(slot)
             if link is not None:
                 self._drop(link)
-            self._expected.pop(slot, None)
 
     def drain_wakeup(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
             os.read(self._wake_r, 4096)
 
     def close(self) -> None:
-        """Stop the thread, close every connection and remove the socket's directory."""
-        with self._lock:
-            self._closing = True
+        """Stop the thread and close every connection (the workers then leave on their own)."""
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
         self._thread.join(timeout=5.0)
@@ -151,15 +145,14 @@ class ControlServer:
             for link in list(self._links.values()):
                 self._drop(link)
                 link.conn.close()
+            for conn, _ in self._pending:
+                conn.close()
+            self._pending.clear()
         self._selector.close()
         self._listener.close()
         for fd in (self._wake_r, self._wake_w, self._stop_r, self._stop_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.dir)
 
     # -- the reader thread ---------------------------------------------------------------------
 
@@ -194,18 +187,25 @@ class ControlServer:
         import json
 
         try:
-            message = json.loads(line)
-            op = message["op"]
+            op = json.loads(line)["op"]
         except (ValueError, KeyError, TypeError):
             return
         with self._lock:
             if op == "register":
-                self._register(conn, message)
+                try:
+                    pid = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[0]
+                except OSError:
+                    return
+                if self._expected is None:
+                    self._pending.append((conn, pid))  # answered once the agent says who its workers are
+                else:
+                    self._decide(conn, pid)
             else:
                 link = next((item for item in self._links.values() if item.conn is conn), None)
-                if link is None or not link.accepted:
+                if link is None:
                     return
                 if op == "raised":
+                    message = json.loads(line)
                     link.state, link.error, link.raised_at = "raised", str(message.get("error", "")), time.time()
                     with contextlib.suppress(OSError):
                         os.write(self._wake_w, b"r")
@@ -213,35 +213,19 @@ class ControlServer:
                     link.state = op
             self._lock.notify_all()
 
-    def _register(self, conn: socket.socket, message: dict[str, Any]) -> None:
-        try:
-            slot, pid = int(message["slot"]), int(message["pid"])
-        except (KeyError, TypeError, ValueError):
+    def _decide(self, conn: socket.socket, pid: int) -> None:
+        assert self._expected is not None
+        slot = self._expected.get(pid)
+        if slot is None:  # not a worker of this attempt: a child of one, or a stranger
+            with contextlib.suppress(OSError):
+                conn.sendall(b'{"op": "no"}\n')
             return
         old = self._links.get(slot)
         if old is not None and old.conn is not conn:
-            if old.pid == pid:  # the same worker calls its function again: the old link is stale
-                self._drop(old)
-            elif old.accepted:
-                self._refuse(conn)
-                return
-        link = WorkerLink(slot, pid, conn)
-        self._links[slot] = link
-        expected = self._expected.get(slot)
-        if expected == pid:
-            self._accept(link)
-        elif expected is not None:
-            del self._links[slot]
-            self._refuse(conn)
-
-    def _accept(self, link: WorkerLink) -> None:
-        link.accepted = True
+            self._drop(old)
+        self._links[slot] = WorkerLink(slot, pid, conn)
         with contextlib.suppress(OSError):
-            link.conn.sendall(b'{"op": "ok"}\n')
-
-    def _refuse(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            conn.sendall(b'{"op": "no"}\n')
+            conn.sendall(b'{"op": "ok"}\n')
 
     def _drop(self, link: WorkerLink) -> None:
         if self._links.get(link.slot) is link:
@@ -254,6 +238,7 @@ class ControlServer:
             for link in list(self._links.values()):
                 if link.conn is conn:
                     del self._links[link.slot]
+            self._pending = [(c, pid) for c, pid in self._pending if c is not conn]
             self._lock.notify_all()
         with contextlib.suppress(OSError):
             conn.close()

@@ -40,14 +40,15 @@ DISMISS_TIMEOUT = 5.0
 class InPlaceRecovery:
     """One agent's in-place recovery: the control channel and the steps of a recovery."""
 
-    def __init__(self, settings: RecoverySettings, emit: Callable[..., None],
+    def __init__(self, settings: RecoverySettings, token: str, emit: Callable[..., None],
                  interrupted: Callable[[], bool] = lambda: False) -> None:
-        """``interrupted`` says whether the agent received a signal: waiting for the workers to
-        leave then ends at once (the agent stops them all)."""
+        """``token``: the job's (the workers find the channel by it). ``interrupted`` says whether
+        the agent received a signal: waiting for the workers to leave then ends at once (the agent
+        stops them all)."""
         self.settings = settings
         self._emit = emit
         self._interrupted = interrupted
-        self.server = ControlServer()
+        self.server = ControlServer(token)
         #: The reason for the last recovery, for the log line and the event.
         self.reason = ""
         #: Why the last failure could not be recovered in place, when the workers used the wrapper.
@@ -58,18 +59,11 @@ class InPlaceRecovery:
 
     # -- while the workers run -----------------------------------------------------------------
 
-    def prepare(self, envs: dict[int, dict[str, str]]) -> None:
-        """Name the channel in each worker's environment (before the workers start)."""
-        for local_rank, env in envs.items():
-            env.update(self.server.environment(local_rank))
-
     def attach(self, group: WorkerGroup, wait: Callable[[int], None]) -> None:
         """Say which pid each slot's worker is (registrations are answered from then on), and
         let the group's wait wake up when a worker reports that its function raised (``wait``
         registers the descriptor with the group)."""
-        for slot in group.slots:
-            if slot.process is not None:
-                self.server.expect(slot.local_rank, slot.process.pid)
+        self.server.expect({slot.local_rank: slot.process.pid for slot in group.slots if slot.process is not None})
         wait(self.server.wakeup_fd)
 
     def raised(self, group: WorkerGroup) -> list[WorkerSlot]:
@@ -118,7 +112,14 @@ class InPlaceRecovery:
         return self.blocker(group, restarts_left) is None
 
     def describe(self, group: WorkerGroup, failed: list[WorkerSlot]) -> str:
-        """One phrase naming the root cause: the earliest failed slot, raised or ended."""
+        """One phrase naming the root cause: a worker that died (its death broke its peers'
+        collectives: their raise reports can reach the agent before its exit does, on a loaded
+        machine), else the earliest failed slot. Called once every worker has left, when a death
+        has certainly been seen."""
+        dead = sorted((s for s in group.slots if s.process is not None and s.process.poll() not in (None, 0)),
+                      key=lambda s: getattr(s.process, "ended_at", None) or 0.0)
+        if dead:
+            failed = [*dead, *failed]
         if not failed:
             return "the group must re-form"
         first = failed[0]
@@ -210,6 +211,8 @@ class InPlaceRecovery:
                     time.sleep(0.01)
             self.server.forget(slot.local_rank)
             dead.append(slot)
+        if dead:
+            self.server.hold()  # until attach() names the fresh processes
         return dead
 
     def record(self, group: WorkerGroup, count: int, left: int, total: int, hang: HangReport | None = None) -> None:

@@ -1,19 +1,21 @@
 """The worker's side of recovery in place: :func:`recoverable`.
 
-Under launcher each worker finds in its environment the agent's control socket
-(:data:`SOCKET_ENV`) and its slot (:data:`SLOT_ENV`, its local rank). Calling a function wrapped
-by :func:`recoverable` registers this process with the agent, then runs the function. When the
-job must recover (this rank raised, or the agent says so because another rank failed, hung or
-was lost), the function is left, torch.distributed is torn down if the script imported it, the
-process waits for the new round's environment, writes it into :data:`os.environ` and calls the
-function again: same process, same modules, same memory.
+Under launcher each worker can reach its agent's control socket, named after the job's token in
+its environment (:func:`launcher.recovery.socket_address`). Calling a function wrapped by
+:func:`recoverable` registers this process with the agent (which checks, by the kernel's word,
+that it is the worker it started), then runs the function. When the job must recover (this
+rank raised, or the agent says so because another rank failed, hung or was lost), the function
+is left, torch.distributed is torn down if the script imported it, the process waits for the new
+round's environment, writes it into :data:`os.environ` and calls the function again: same
+process, same modules, same memory.
 
-Outside launcher (torchrun, plain ``python``), or in a process that is not the worker itself (a
-data-loader worker, a spawned child), the wrapper calls the function once and nothing else.
+Outside launcher (torchrun, plain ``python``), with ``--recovery restart``, or in a process that
+is not the worker itself (a data-loader worker, a spawned child), the wrapper calls the function
+once and nothing else.
 
 Messages are JSON lines over one Unix stream socket per process::
 
-    worker -> agent   {"op": "register", "slot": 0, "pid": 123}   answered {"op": "ok"} or {"op": "no"}
+    worker -> agent   {"op": "register"}   answered {"op": "ok"} or {"op": "no"}
                       {"op": "raised", "error": "ValueError: ...", "traceback": "..."}
                       {"op": "left"}    the function was left (after "recover", or after "raised")
                       {"op": "done"}    the function returned
@@ -38,9 +40,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from launcher.recovery import PID_ENV, SLOT_ENV, SOCKET_ENV
+from launcher.recovery import own_token, socket_address
 
-__all__ = ["PID_ENV", "SLOT_ENV", "SOCKET_ENV", "RecoveryInterrupt", "recoverable"]
+__all__ = ["RecoveryInterrupt", "recoverable"]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,9 +93,13 @@ def _teardown() -> None:
 class _Channel:
     """This process's connection to the agent, and the thread that listens on it."""
 
-    def __init__(self, path: str, slot: int) -> None:
+    def __init__(self, address: str) -> None:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.connect(path)
+        try:
+            self._sock.connect(address)
+        except OSError:
+            self._sock.close()
+            raise
         self._file = self._sock.makefile("rb")
         self._send_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -103,7 +109,7 @@ class _Channel:
         self._inside = False
         self._interrupted = False
         self._main = threading.main_thread().ident
-        self.send({"op": "register", "slot": slot, "pid": os.getpid()})
+        self.send({"op": "register"})
         reply = self._read()
         self.accepted = reply is not None and reply.get("op") == "ok"
         if self.accepted:
@@ -188,19 +194,19 @@ _channel_checked = False
 
 
 def _connect() -> _Channel | None:
-    """This process's channel, made once; ``None`` outside launcher or in a child of the worker."""
+    """This process's channel, made once; ``None`` outside launcher, with ``--recovery restart``
+    (nothing listens), or in a process the agent did not start as a worker."""
     global _channel, _channel_checked
     if _channel_checked:
         return _channel
     _channel_checked = True
-    path, slot = os.environ.get(SOCKET_ENV), os.environ.get(SLOT_ENV, "")
-    if not path or not slot.isdigit():
+    token = own_token()
+    if not token:
         return None
-    owner = os.environ.setdefault(PID_ENV, str(os.getpid()))
-    if owner != str(os.getpid()):
-        return None  # a child of the worker: its calls are not the rank's
     try:
-        channel = _Channel(path, int(slot))
+        channel = _Channel(socket_address(token))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None  # the agent runs with --recovery restart
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"launcher: recoverable: cannot reach the agent ({exc}); running without recovery\n")
         return None
