@@ -14,12 +14,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.api import LaunchConfig, launch
     from launcher.hangs.heartbeat import heartbeat, quiet
     from launcher.preemption.notice import on_preemption, preempted, preemption_time_left, wait_for_preemption
+    from launcher.recovery.worker import recoverable
 
 #: The worker-side preemption API (standard library only, see launcher.preemption.notice).
 _PREEMPTION = ("preempted", "preemption_time_left", "wait_for_preemption", "on_preemption")
 
 __all__ = ["LaunchConfig", "launch", "heartbeat", "quiet", "preempted", "preemption_time_left", "wait_for_preemption",
-           "on_preemption", "__version__"]
+           "on_preemption", "recoverable", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -41,4 +42,10 @@ def __getattr__(name: str) -> Any:
 
         globals().update({attr: getattr(notice, attr) for attr in _PREEMPTION})
         return globals()[name]
+    if name == "recoverable":
+        # Standard library only, like heartbeat(): kept as a module global after the first use.
+        from launcher.recovery.worker import recoverable
+
+        globals()["recoverable"] = recoverable
+        return recoverable
     raise AttributeError(f"module 'launcher' has no attribute {name!r}")

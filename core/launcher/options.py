@@ -38,12 +38,14 @@ def core_groups() -> tuple[FlagGroup[Any], ...]:
     from launcher.health import settings as health
     from launcher.logs import settings as logs
     from launcher.preemption import settings as preemption
+    from launcher.recovery import settings as recovery
     from launcher.rendezvous import settings as rendezvous
     from launcher.status import settings as status
     from launcher.stragglers import settings as stragglers
 
     return (rendezvous.FLAGS, workers.FLAGS, events.FLAGS, logs.FLAGS, numa.FLAGS, hangs.FLAGS,
-            health.FLAGS, stragglers.FLAGS, status.FLAGS, preemption.FLAGS, workers.PRELOAD_FLAGS, clusters.FLAGS)
+            health.FLAGS, stragglers.FLAGS, status.FLAGS, preemption.FLAGS, recovery.FLAGS, workers.PRELOAD_FLAGS,
+            clusters.FLAGS)
 
 
 def flag_groups(manager: LauncherPluginManager | None = None) -> tuple[FlagGroup[Any], ...]:

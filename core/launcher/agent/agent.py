@@ -24,19 +24,18 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from launcher.agent.attempt import start_attempt
 from launcher.agent.environment import worker_environment
 from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
-from launcher.agent.ranks import assign_ranks
-from launcher.agent.reporting import NodeReporter, started_workers
+from launcher.agent.reporting import NodeReporter
+from launcher.agent.restart import announce_restart, stop_failed
 from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, signal_message
 from launcher.agent.watchdog import Watchdog
 from launcher.errors import LaunchError
-from launcher.failures.exits import describe_exit
 from launcher.health.gate import HealthGate, NodeSick
 from launcher.logs.pump import OutputPump
 from launcher.plugins.types import finish_logs
-from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
 from launcher.store.api import StoreError
 from launcher.stragglers.settings import monitor_for as straggler_monitor
@@ -47,8 +46,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
     from launcher.hangs.monitor import HangMonitor
+    from launcher.hangs.report import HangReport
     from launcher.plan import LaunchPlan
     from launcher.preemption.watch import PreemptionWatch
+    from launcher.recovery.inplace import InPlaceRecovery
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
 log = logging.getLogger("launcher.agent")
@@ -85,6 +86,9 @@ class Agent:
         self._health = HealthGate(plan, self._emit)  # checks before each round (launcher.health)
         self._status: Any = None  # launcher.status's StatusPublisher, from the first start
         self._preemption: PreemptionWatch | None = None  # --preemption-*: opened in run()
+        self._recovery: InPlaceRecovery | None = None  # the workers' control channel (launcher.recovery)
+        #: The group an in-place recovery keeps for the next round (launcher.agent.attempt).
+        self._kept: WorkerGroup | None = None
 
     def _emit(self, event_type: str, **data: Any) -> None:
         if self._events is not None:
@@ -128,6 +132,14 @@ class Agent:
             self._stragglers = straggler_monitor(plan, self._emit, stack)  # --straggler-detection (launcher.stragglers)
             watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)
+            recovery = plan.settings.get("recovery")
+            if recovery is None or recovery.in_place:  # one bind and one thread: launcher.recovery.channel
+                from launcher.recovery.inplace import InPlaceRecovery
+                from launcher.recovery.settings import RecoverySettings
+
+                self._recovery = InPlaceRecovery(recovery or RecoverySettings(), watchdog.token, self._emit,
+                                                 lambda: self._signals.received is not None)
+                stack.callback(self._recovery.close)
             pump = OutputPump()
             stack.callback(pump.close)
             try:
@@ -242,7 +254,7 @@ class Agent:
             charged = False
             previous = info
             report.joined(info, handler)
-            group = self._start(info, pump, watchdog)
+            group = start_attempt(self, info, pump, watchdog)
             self._health.poll(handler)  # nodes kept out by health checks, named once the workers run
             # Loaded once the workers run: off the path to their first start.
             from launcher.agent.barrier import exit_barrier
@@ -285,6 +297,12 @@ class Agent:
                 self._emit("job_succeeded", restart_count=self._restart_count)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome is WatchOutcome.MEMBERSHIP:
+                kept = self._recover_in_place(group, [], info, handler, None)
+                if isinstance(kept, AgentResult):
+                    return kept
+                if kept is not None:
+                    continue  # re-formed in place: no restart counted
+            if outcome is WatchOutcome.MEMBERSHIP:
                 killed = {s.local_rank for s in group.running()}
                 group.stop(signal.SIGTERM, plan.shutdown_timeout)
                 # Shown if the job then ends in the rendezvous (too few nodes left, say).
@@ -302,11 +320,23 @@ class Agent:
             if hang is not None and self._hangs is not None:
                 from launcher.hangs.report import hang_outcome
 
-                self._hangs.announce(hang_outcome(remaining_restarts, plan.max_restarts))
+                in_place = self._recovery is not None and self._recovery.can_recover(group, remaining_restarts)
+                self._hangs.announce(hang_outcome(remaining_restarts, plan.max_restarts, in_place=in_place))
+            multi = info.group_world_size > 1
+            if self._recovery is not None:
+                kept = self._recover_in_place(group, failed, info, handler, remaining_restarts, hang)
+                if isinstance(kept, AgentResult):
+                    return kept
+                if kept is not None:
+                    remaining_restarts -= 1
+                    self._restart_count += 1
+                    charged = True
+                    self._recovery.record(group, self._restart_count, remaining_restarts, plan.max_restarts, hang)
+                    pending = (info, kept[0], kept[1]) if multi else None
+                    continue
             failures, ranks = self._stop_failed(group, failed)
             if self._hangs is not None:
                 self._hangs.detach()
-            multi = info.group_world_size > 1
             # A node of this round that finished joins no other: restarting or re-forming would
             # wait for it forever (launcher.agent.finished). The claim comes first, see there.
             could_reform = remaining_restarts > 0 or (multi and hang is None)
@@ -326,21 +356,43 @@ class Agent:
                 remaining_restarts -= 1
                 self._restart_count += 1
                 charged = True
-                first = failures[0]
-                ended = describe_exit(first.exitcode, first.signal)
-                reason = f"local rank {first.local_rank} (pid {first.pid}) {ended}"
-                if hang is not None:
-                    reason = f"{hang.reason} (detected by {hang.detected_by})"
-                log.warning("worker group %s: %s; restarting (%d of %d restarts left)",
-                            "hung" if hang is not None else "failed", reason, remaining_restarts,
-                            plan.max_restarts)
-                self._emit("group_restarted", count=self._restart_count, reason=reason,
-                           cause="hang" if hang is not None else "failure")
+                announce_restart(failures, hang, self._restart_count, remaining_restarts, plan.max_restarts, self._emit,
+                                 self._recovery.fallback if self._recovery is not None else None)
                 continue
             result = report.job_failed(info, handler, failures, ranks, closer=True, hang=hang,
                                        oom_watch=self._oom_watch)
             self._emit("job_failed", reason="hang" if hang is not None else "worker failure", failures=len(failures))
             return result
+
+    def _recover_in_place(self, group: WorkerGroup, failed: list[WorkerSlot], info: RendezvousInfo,
+                          handler: RendezvousHandler, restarts_left: int | None, hang: HangReport | None = None
+                          ) -> tuple[list[WorkerFailure], list[RankState]] | AgentResult | None:
+        """Keep ``group`` for the next round if its workers can recover in place
+        (:mod:`launcher.recovery.inplace`): then the failures of the dead workers and every rank's
+        state (for a report if the next round cannot form); ``None`` when not (a full restart or
+        re-form follows); the job's end when a node of this round finished (no new round can form).
+        ``restarts_left`` is ``None`` for a re-form, which costs no restart."""
+        if self._recovery is None or not self._recovery.leave(
+                group, failed, restarts_left=1 if restarts_left is None else restarts_left,
+                unsupported="--hang-watch output" if self._hangs is not None and self._hangs.output else None):
+            return None
+        if self._hangs is not None:
+            self._hangs.detach()  # the next round's heartbeat file replaces this one
+        from launcher.agent.membership import cannot_reform, reform_blocked
+
+        report = self._report
+        failures = report.failures(group, [s for s in failed if s.process is not None and s.process.poll() is not None])
+        ranks = report.rank_states(group, ())
+        finished = reform_blocked(info, handler, report, self.plan.run_id, failures)
+        if finished:  # same as after a restart's stop (launcher.agent.finished)
+            self._recovery.dismiss(group)
+            failures, ranks = self._stop_failed(group, failed)
+            return cannot_reform(info, handler, report, finished, failures, ranks, self._emit, hang=hang,
+                                 oom_watch=self._oom_watch, what="an in-place recovery")
+        if restarts_left is None:
+            log.info("re-forming the group in place: every local worker keeps its process")
+        self._kept = group  # the next round resumes it (launcher.agent.attempt)
+        return failures, ranks
 
     def _close_group(self, group: WorkerGroup) -> None:
         group.close()
@@ -348,18 +400,9 @@ class Agent:
 
     def _stop_failed(self, group: WorkerGroup,
                      failed: list[WorkerSlot] | None) -> tuple[list[WorkerFailure], list[RankState]]:
-        """Stop the workers still running; the failures of ``failed`` (``None``: of the workers
-        that had ended with an error before the stop) and every rank's state."""
-        killed = {s.local_rank for s in group.running()}
-        group.stop(signal.SIGTERM, self.plan.shutdown_timeout)
-        group.drain_output(group.slots)
-        if failed is None:
-            failed = [s for s in group.slots
-                      if s.local_rank not in killed and s.process is not None and s.process.returncode]
-        failures = self._report.failures(group, failed)
-        ranks = self._report.rank_states(group, killed)
-        self._close_group(group)
-        return failures, ranks
+        result = stop_failed(group, failed, self.plan.shutdown_timeout, self._report)
+        self._group = None
+        return result
 
     def _forward_signal(self, info: RendezvousInfo, handler: RendezvousHandler, group: WorkerGroup) -> AgentResult:
         signum = self._signals.received
@@ -383,74 +426,6 @@ class Agent:
         result = self._report.job_failed(info, handler, failures, ranks, closer=False, oom_watch=self._oom_watch)
         self._emit("job_failed", reason=result.message or "ended by another node")
         return result
-
-    def _start(self, info: RendezvousInfo, pump: OutputPump, watchdog: Watchdog) -> WorkerGroup:
-        plan, workers = self.plan, self.plan.workers
-        ranks = assign_ranks(
-            info.store,
-            f"launcher/{plan.run_id}/ranks/{info.round}",
-            info.group_rank,
-            info.group_world_size,
-            plan.role,
-            plan.nproc_per_node,
-            timeout=max(60.0, plan.exit_barrier_timeout),
-        )
-        slots = []
-        envs: dict[int, dict[str, str]] = {}
-        for local_rank in range(plan.nproc_per_node):
-            global_rank, role_rank = ranks.base_rank + local_rank, ranks.base_role_rank + local_rank
-            env = worker_environment(plan, info, (local_rank, global_rank, role_rank),
-                                     (ranks.world_size, ranks.role_world_size), self._restart_count)
-            envs[local_rank] = env
-            slots.append(WorkerSlot(local_rank, global_rank, role_rank, env))
-        dest = plan.logs_specs.reify(envs)
-        if self._hangs is not None:
-            self._hangs.prepare(envs, slots)
-        if self._preemption is not None:  # the notice file, and where other nodes' notices come
-            self._preemption.prepare(envs, info)
-        for slot in slots:  # reify may have added TORCHELASTIC_ERROR_FILE
-            slot.env = envs[slot.local_rank]
-        if plan.entry.function is not None and self._result_dir is None:
-            self._result_dir = make_private_dir("launcher_results_")
-        group = WorkerGroup(slots, pump, watchdog, wakeup_fd=self._signals.wakeup_fd)
-        self._group = group
-        self._stragglers.attach(envs, group, info)  # --straggler-detection: timing slots into envs (slots share them)
-        try:
-            group.start(
-                plan.entry,
-                dest,
-                role=plan.role,
-                prefix_template=workers.prefix_template,
-                stdout_filters=workers.stdout_filters,
-                stderr_filters=workers.stderr_filters,
-                cpus=workers.cpus,
-                start_method=workers.start_method,
-                result_dir=self._result_dir or "",
-                worker_tty=workers.worker_tty,
-                preload=self._preload,
-            )
-        except OSError as exc:
-            # EMFILE from pipe(), EAGAIN from fork(): one line, not a traceback.
-            from launcher.limits import ResourceLimitError, describe_spawn_error
-
-            message = describe_spawn_error(exc, plan.nproc_per_node)
-            if message is None:
-                raise
-            # Stop the workers already started here, with time to die, so that run()'s final
-            # SIGKILL finds none and the message stays the only line.
-            group.stop(signal.SIGKILL, 5.0)
-            raise ResourceLimitError(f"node {self.node}: {message}") from None
-        if self._hangs is not None:
-            self._hangs.attach(group, info)
-        # Taken once the workers are on their way, to keep it off the start-up path.
-        if self._oom_watch is None:
-            from launcher.failures.oom import OomWatch
-
-            self._oom_watch = OomWatch()
-        self._oom_watch.snapshot()
-        self._emit("workers_started", restart_count=self._restart_count, group_rank=info.group_rank,
-                   workers=started_workers(slots, workers.cpus))
-        return group
 
     def _watch(self, group: WorkerGroup, handler: RendezvousHandler,
                info: RendezvousInfo) -> tuple[WatchOutcome, list[WorkerSlot]]:
@@ -478,6 +453,8 @@ class Agent:
             if preemption is not None and preemption.poll(self._signals.received):
                 return WatchOutcome.PREEMPTED, []  # workers that ended meanwhile were saving, not failing
             failed = [s for s in ended if s.process is not None and s.process.returncode != 0]
+            if self._recovery is not None:  # a worker whose function raised waits in launcher.recoverable
+                failed = self._recovery.failed(group, failed)
             if failed:
                 # Collect every worker that already failed, so the root cause is the earliest.
                 failed += [

@@ -62,6 +62,26 @@ class _Delivery:
 
 
 @dataclass
+class _Launch:
+    """How :meth:`WorkerGroup.start` started the workers: kept to start a slot again the same way."""
+
+    entry: Entrypoint
+    dest: LogsDestinations
+    role: str
+    prefix_template: str | None
+    stdout_filters: Sequence[str]
+    stderr_filters: Sequence[str]
+    cpus: Sequence[frozenset[int] | None] | None
+    start_method: str
+    result_dir: str
+    worker_tty: str
+    guarded: bool
+    always_prefix: bool
+    filtered_out: BinaryIO | None
+    filtered_err: BinaryIO | None
+
+
+@dataclass
 class Entrypoint:
     """What every worker runs: a command (argv) or a Python callable with arguments."""
 
@@ -109,6 +129,7 @@ class WorkerGroup:
         self._terminals = WorkerTerminals()
         #: --preload's template, when this attempt's workers are forked from it (the sweep spares it).
         self._preload: Preloader | None = None
+        self._launch: _Launch | None = None
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -133,72 +154,103 @@ class WorkerGroup:
         rather than pipes (:mod:`launcher.logs.terminal`). ``preload`` (``--preload``) forks
         command workers from its template when it can.
         """
-        nproc = len(self.slots)
         guarded = self._watchdog.running
         # From here on the agent is in the job's cgroup (or a subreaper): what it starts is contained.
         self._containment.settle()
         if preload is not None and entry.command is not None and preload.prepare(  # --preload
                 [job_env(slot.env, self._watchdog.token) for slot in self.slots], self._wakeup_fd):
             self._preload = preload
-        close_fds = (self._watchdog.pipe_fd,) if self._watchdog.pipe_fd is not None else ()
         tee_any = bool(dest.tee_stdouts) or bool(dest.tee_stderrs)
-        filtered_out = self._open_filtered(dest.filtered_stdout, stdout_filters)
-        filtered_err = self._open_filtered(dest.filtered_stderr, stderr_filters)
+        self._launch = _Launch(entry, dest, role, prefix_template, stdout_filters, stderr_filters, cpus,
+                               start_method, result_dir, worker_tty, guarded, len(self.slots) > 1 or tee_any,
+                               self._open_filtered(dest.filtered_stdout, stdout_filters),
+                               self._open_filtered(dest.filtered_stderr, stderr_filters))
         for slot in self.slots:
-            rank = slot.local_rank
-            prefix = console_prefix(prefix_template, role, slot.global_rank, rank, nproc > 1 or tee_any)
-            out_route = self._route(dest.stdouts.get(rank, CONSOLE), rank in dest.tee_stdouts, 1, prefix,
-                                    stdout_filters, filtered_out)
-            err_route = self._route(dest.stderrs.get(rank, CONSOLE), rank in dest.tee_stderrs, 2, prefix,
-                                    stderr_filters, filtered_err)
-            err_route.keep_tail = True
-            out_route.on_output = err_route.on_output = slot.on_output
-            slot.error_file = dest.error_files.get(rank) or None
-            out_r, out_w = self._channel(out_route, worker_tty)
-            try:
-                err_r, err_w = self._channel(err_route, worker_tty)
-            except BaseException:
-                os.close(out_r)
-                os.close(out_w)
-                raise
-            worker_cpus = cpus[rank] if cpus else None
-            # The token lets the stop-time sweep and the watchdog find every process of the job,
-            # whatever its parent or session, without any registration (so no start-up window).
-            env = job_env(slot.env, self._watchdog.token)
-            try:
-                if entry.command is not None:
-                    argv = substitute_local_rank(entry.command, rank)
-                    slot.process = None if self._preload is None else self._preload.start_worker(
-                        rank, argv, env, out_w, err_w, worker_cpus, parent_death_signal=not guarded)
-                    if slot.process is None:
-                        slot.process = start_command(rank, argv, env, out_w, err_w, worker_cpus,
-                                                     parent_death_signal=not guarded)
-                else:
-                    assert entry.function is not None
-                    slot.process = start_function(
-                        rank, entry.function, entry.args, env, out_w, err_w,
-                        os.path.join(result_dir, f"result_{rank}.pickle"), start_method, worker_cpus,
-                        parent_death_signal=not guarded, close_fds=close_fds,
-                        cgroup=self._containment.worker_cgroup,
-                    )
-            except BaseException:
-                for fd in (out_r, out_w, err_r, err_w):
-                    os.close(fd)
-                raise
+            self._start_slot(slot, self._launch, self._preload)
+
+    def respawn(self, slots: Sequence[WorkerSlot]) -> None:
+        """Start a fresh process in each of ``slots``, whose process has ended (recovery in place:
+        the group's other workers keep theirs). Same routes and options as :meth:`start`."""
+        assert self._launch is not None, "respawn() before start()"
+        preload = self._preload  # --preload: forked from the template, which has torch already
+        if preload is not None and slots and not preload.prepare(
+                [job_env(slot.env, self._watchdog.token) for slot in self.slots], self._wakeup_fd):
+            preload = None
+        for slot in slots:
+            old = slot.process
+            if old is not None:
+                self._watchdog.forget(old.pid)
+                if slot in self._polled:
+                    self._polled.remove(slot)
+                old.signal_group(signal.SIGKILL)  # what it left behind in its process group
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._selector.unregister(old.fileno())
+                old.close()
+            slot.process = None
+            self._start_slot(slot, self._launch, preload)
+
+    def add_wakeup(self, fd: int) -> None:
+        """Make :meth:`wait` return early when ``fd`` is readable too (it reads what is there)."""
+        if fd not in self._selector.get_map():
+            self._selector.register(fd, selectors.EVENT_READ, None)
+
+    def _start_slot(self, slot: WorkerSlot, launch: _Launch, preload: Preloader | None) -> None:
+        entry, dest, rank = launch.entry, launch.dest, slot.local_rank
+        close_fds = (self._watchdog.pipe_fd,) if self._watchdog.pipe_fd is not None else ()
+        prefix = console_prefix(launch.prefix_template, launch.role, slot.global_rank, rank, launch.always_prefix)
+        out_route = self._route(dest.stdouts.get(rank, CONSOLE), rank in dest.tee_stdouts, 1, prefix,
+                                launch.stdout_filters, launch.filtered_out)
+        err_route = self._route(dest.stderrs.get(rank, CONSOLE), rank in dest.tee_stderrs, 2, prefix,
+                                launch.stderr_filters, launch.filtered_err)
+        err_route.keep_tail = True
+        out_route.on_output = err_route.on_output = slot.on_output
+        slot.error_file = dest.error_files.get(rank) or None
+        out_r, out_w = self._channel(out_route, launch.worker_tty)
+        try:
+            err_r, err_w = self._channel(err_route, launch.worker_tty)
+        except BaseException:
+            os.close(out_r)
             os.close(out_w)
-            os.close(err_w)
-            if entry.command is not None:  # the Python API's (a no-op otherwise; functions move themselves)
-                self._containment.adopt(slot.process.pid)
-            slot.streams = [self._pump.add(out_r, out_route), self._pump.add(err_r, err_route)]
-            slot.stderr_stream = slot.streams[1]
-            self._terminals.attach(slot.process.pid)
-            self._watchdog.watch(slot.process.pid)
-            if getattr(slot.process, "has_exit_fd", False):
-                self._selector.register(slot.process.fileno(), selectors.EVENT_READ, slot)
+            raise
+        worker_cpus = launch.cpus[rank] if launch.cpus else None
+        guarded = launch.guarded
+        # The token lets the stop-time sweep and the watchdog find every process of the job,
+        # whatever its parent or session, without any registration (so no start-up window).
+        env = job_env(slot.env, self._watchdog.token)
+        try:
+            if entry.command is not None:
+                argv = substitute_local_rank(entry.command, rank)
+                slot.process = None if preload is None else preload.start_worker(
+                    rank, argv, env, out_w, err_w, worker_cpus, parent_death_signal=not guarded)
+                if slot.process is None:
+                    slot.process = start_command(rank, argv, env, out_w, err_w, worker_cpus,
+                                                 parent_death_signal=not guarded)
             else:
-                self._polled.append(slot)
-            if isinstance(slot.process, FunctionWorker):  # its word that the result is written
-                self._selector.register(slot.process.channel_fd(), selectors.EVENT_READ, _Delivery(slot))
+                assert entry.function is not None
+                slot.process = start_function(
+                    rank, entry.function, entry.args, env, out_w, err_w,
+                    os.path.join(launch.result_dir, f"result_{rank}.pickle"), launch.start_method, worker_cpus,
+                    parent_death_signal=not guarded, close_fds=close_fds,
+                    cgroup=self._containment.worker_cgroup,
+                )
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        os.close(out_w)
+        os.close(err_w)
+        if entry.command is not None:  # the Python API's (a no-op otherwise; functions move themselves)
+            self._containment.adopt(slot.process.pid)
+        slot.streams = [self._pump.add(out_r, out_route), self._pump.add(err_r, err_route)]
+        slot.stderr_stream = slot.streams[1]
+        self._terminals.attach(slot.process.pid)
+        self._watchdog.watch(slot.process.pid)
+        if getattr(slot.process, "has_exit_fd", False):
+            self._selector.register(slot.process.fileno(), selectors.EVENT_READ, slot)
+        else:
+            self._polled.append(slot)
+        if isinstance(slot.process, FunctionWorker):  # its word that the result is written
+            self._selector.register(slot.process.channel_fd(), selectors.EVENT_READ, _Delivery(slot))
 
     def _channel(self, route: StreamRoute, worker_tty: str) -> tuple[int, int]:
         """The (read, write) ends a worker stream goes through: a pipe, or a pty (master, slave)."""

@@ -80,6 +80,8 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
             "one object per local worker: local_rank, rank (global), pid, and cpus (the CPUs it "
             'is bound to, e.g. "0-3,8", or null when unbound)'
         ),
+        "in_place": "true when the workers resumed in place (launcher.recoverable); absent after a start or restart",
+        "replaced": "in place: the local ranks whose process had died and were started afresh",
     },
     WORKER_FAILED: {
         "rank": "global rank of the failed worker",
@@ -92,6 +94,10 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
         "count": "restarts used so far, this one included",
         "reason": "one line: the failure that caused the restart",
         "cause": '"failure" (a worker exited) or "hang" (a rank stopped making progress)',
+        "mode": '"restart" (every worker stopped and started again) or "in-place recovery" (docs/recovery.md)',
+        "kept": "in place: the local ranks whose process is kept",
+        "replaced": "in place: the local ranks whose process died (a fresh one starts)",
+        "fallback": "a restart where the workers used launcher.recoverable: why it was not in place",
     },
     MEMBERSHIP_CHANGED: {
         "lost": "names of nodes that stopped responding (empty when nodes only joined)",

@@ -280,9 +280,12 @@ def write_stacks_file(path: str, report: HangReport, node: NodeSummary) -> None:
     os.replace(tmp, path)
 
 
-def hang_outcome(remaining_restarts: int, max_restarts: int) -> str:
-    """What the agent does after a hang: the words of the hang report's outcome line."""
+def hang_outcome(remaining_restarts: int, max_restarts: int, *, in_place: bool = False) -> str:
+    """What the agent does after a hang: the words of the hang report's outcome line (``in_place``:
+    every local worker can recover in place, launcher.recovery)."""
     if remaining_restarts > 0:
         number = max_restarts - remaining_restarts + 1
+        if in_place:
+            return f"recovering in place (restart {number} of {max_restarts}); a full restart if it cannot"
         return f"stopping the workers and restarting them (restart {number} of {max_restarts})"
     return "stopping the workers; no restarts left, the job fails"

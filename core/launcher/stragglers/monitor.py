@@ -98,14 +98,21 @@ class StragglerMonitor:
 
     # -- per attempt ---------------------------------------------------------------------------
 
-    def attach(self, envs: dict[int, dict[str, str]], group: WorkerGroup, info: RendezvousInfo) -> None:
-        """Give each worker (not started yet) its slot and the start-up hook, and watch ``group``."""
+    def attach(self, envs: dict[int, dict[str, str]], group: WorkerGroup, info: RendezvousInfo, *,
+               kept: bool = False) -> None:
+        """Give each worker (not started yet) its slot and the start-up hook, and watch ``group``.
+
+        ``kept``: the group was kept through an in-place recovery (launcher.recovery): its live
+        workers go on writing into the slots they mapped, so the table is kept too; a worker
+        started afresh in a slot starts its totals again, which the first look only marks."""
         from launcher.hangs.stacks import SITE_DIR
 
-        self._stop_thread()
-        self._attempt += 1
-        count = max(envs) + 1 if envs else 0
-        table = self._table = TimingTable(os.path.join(self.dir, f"timings.{self._attempt}"), count)
+        table = self._table if kept else None
+        self._stop_thread(keep_table=table is not None)
+        if table is None:
+            self._attempt += 1
+            count = max(envs) + 1 if envs else 0
+            table = self._table = TimingTable(os.path.join(self.dir, f"timings.{self._attempt}"), count)
         for local_rank, env in envs.items():
             env[STRAGGLER_FILE_ENV] = table.path
             env[STRAGGLER_SLOT_ENV] = str(local_rank)
@@ -129,7 +136,7 @@ class StragglerMonitor:
         if line is not None:
             self._print([line])
 
-    def _stop_thread(self) -> None:
+    def _stop_thread(self, *, keep_table: bool = False) -> None:
         self._stop.set()
         store = self._store
         if store is not None:
@@ -137,7 +144,7 @@ class StragglerMonitor:
         if self._thread is not None:
             self._thread.join(timeout=STORE_TIMEOUT + 1.0)
             self._thread = None
-        if self._table is not None:
+        if self._table is not None and not keep_table:
             self._table.close()
             self._table = None
 

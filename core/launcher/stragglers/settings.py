@@ -134,7 +134,7 @@ FLAGS: FlagGroup[StragglerSettings] = FlagGroup(
 class _NoMonitor:
     """Detection off: :meth:`attach` leaves the workers as they are."""
 
-    def attach(self, envs: Any, group: Any, info: Any) -> None:
+    def attach(self, envs: Any, group: Any, info: Any, *, kept: bool = False) -> None:
         return None
 
 
