@@ -25,6 +25,15 @@ for _signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(_signum, signal.default_int_handler if _signum == signal.SIGINT else signal.SIG_DFL)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``-n 2 --dist loadgroup`` (tox's py3 run): two lanes, see :mod:`tests.lanes`."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.lanes import TwoLaneScheduling
+
+    return TwoLaneScheduling(config, log)
+
+
 def unwrapped(text: str) -> str:
     """``text`` with every line break (and the indentation around it) made one space.
 

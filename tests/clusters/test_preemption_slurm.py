@@ -104,9 +104,9 @@ def test_a_job_slurm_requeues_saves_resumes_and_ends_as_if_never_interrupted(
         assert slurm_cluster.run("scontrol", "requeue", job).returncode == 0
 
     fields, output = _preempt_and_resume(slurm_cluster, tmp_path, requeue)
-    # Slurm kills the job KillWait (5 s here) after its SIGTERM: the 60 s grace is cut to that.
-    _check_preempted_and_resumed(output, fields, uninterrupted, grace=5)
-    assert output.count("the grace is 5 s, not 60 s: Slurm's KillWait ends the job then") == 2, output
+    # Slurm kills the job KillWait (10 s here) after its SIGTERM: the 60 s grace is cut to that.
+    _check_preempted_and_resumed(output, fields, uninterrupted, grace=10)
+    assert output.count("the grace is 10 s, not 60 s: Slurm's KillWait ends the job then") == 2, output
     assert "SIGTERM received here" in output
     # Slurm requeued it already: launcher's --requeue must not queue a second restart.
     assert re.search(rf"not requeued again: Slurm already requeued job {fields['JobId']} \(restart 1\)", output), output

@@ -1,12 +1,20 @@
-"""Launcher runs in these tests keep their temporary files (kept logs, stacks files) in tmp_path."""
+"""Launcher runs in these tests keep their temporary files (kept logs, stacks files) in a
+temporary directory of their own, removed after the test."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import pytest
 
 
 @pytest.fixture(autouse=True)
-def _private_tmpdir(tmp_path, monkeypatch):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))
+def _private_tmpdir(monkeypatch):
+    # Short, however long tmp_path is (pytest-xdist adds a level): the launcher's per-job directory
+    # goes below it, and a forkserver's AF_UNIX socket below that, whose path must fit in 108 bytes.
+    tmp = tempfile.mkdtemp(prefix="lh-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    monkeypatch.setenv("TMPDIR", tmp)
+    yield
+    shutil.rmtree(tmp, ignore_errors=True)

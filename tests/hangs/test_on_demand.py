@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.background_job import BackgroundJob
 from tests.conftest import LAUNCHER, launcher_env, run_launcher, unwrapped
 
 # Each rank says it is ready, then waits in a known function until the test creates the go file.
@@ -26,43 +27,23 @@ def waiting_for_godot(go):
     while not os.path.exists(go) and time.monotonic() < end:
         time.sleep(0.05)
 
-open(sys.argv[1] + "." + os.environ["RANK"], "w").close()
+with open(sys.argv[1] + "." + os.environ["RANK"], "w") as ready:
+    ready.write(str(os.getpid()))
 waiting_for_godot(sys.argv[2])
 """
 
 
-class Job:
+class Job(BackgroundJob):
     """A launcher job of GODOT's ranks, started in the background (--standalone: a free port)."""
 
     def __init__(self, script: str, tmp_path: Path, flags: list[str], nproc: int = 2) -> None:
         self.ready = tmp_path / "ready"
-        self.go = tmp_path / "go"
         self.nproc = nproc
-        self.process = subprocess.Popen(
-            [*LAUNCHER, "--standalone", "--nproc-per-node", str(nproc), *flags, script, str(self.ready),
-             str(self.go)],
-            env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        super().__init__(["--standalone", "--nproc-per-node", str(nproc), *flags, script, str(self.ready),
+                          str(tmp_path / "go")], tmp_path / "go")
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if all(Path(f"{self.ready}.{rank}").exists() for rank in range(self.nproc)):
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"the ranks did not start: {self.finish()}")
-
-    def finish(self) -> tuple[int, str]:
-        self.go.touch()
-        try:
-            _, stderr = self.process.communicate(timeout=60)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode, stderr
+        self.wait_for_ranks([Path(f"{self.ready}.{rank}") for rank in range(self.nproc)], "the ranks")
 
 
 @pytest.fixture

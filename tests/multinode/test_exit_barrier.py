@@ -7,7 +7,11 @@ after ``--exit-barrier-timeout`` (300 s). Each test bounds how long the job took
 below that timeout and below the join timeout (120 s here).
 
 Every job runs ``scripts/ending_worker.py``: the group forms, then each rank works alone for the
-time ``MN_RUN`` gives it, so that nothing fails merely because a peer went away.
+time ``MN_RUN`` gives it, so that nothing fails merely because a peer went away. The group is a
+gloo group in one job of each kind of ending (a failure after a node finished, the race, a node
+gone while another waits at its barrier) and for each rendezvous backend; the other jobs form it
+as a barrier on the worker store (:data:`STORE_GROUP`): what they test happens after the group
+was left, and their workers start without importing torch (seconds of CPU each on 2 cores).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ CONF = "join_timeout=120,read_timeout=5,keep_alive_interval=0.5,heartbeat_timeou
 #: Each job must end within this many seconds (the barrier's timeout is 300 s, the join timeout 120 s).
 BOUND = 60.0
 AT_BARRIER = "waiting at the exit barrier"
+#: The worker environment of a job whose group is formed on the worker store, not with gloo.
+STORE_GROUP = {"MN_GROUP": "store"}
 WORKER_LINE = re.compile(r"^\[default\d+\]:")
 
 
@@ -90,15 +96,16 @@ def assert_no_restart_because_finished(agent, finished: list[tuple[int, str]]) -
         assert f"(node {node}, {addr})" in line, f"node {node} not named in {line!r}\n{agent.describe(80)}"
 
 
-def fail_after_finish(start_agent, net, make_args, *, finished: list[int], failing: int, pids):
+def fail_after_finish(start_agent, net, make_args, *, finished: list[int], failing: int, pids, gloo: bool):
     """Nodes ``finished`` finish at once; rank 2*failing+1 exits 7 once their workers are gone
     and a second more has passed (the finished nodes then wait at their barriers, however slow
-    the machine); the rest run on."""
+    the machine); the rest run on. ``gloo``: the group is a gloo group (else :data:`STORE_GROUP`)."""
     finishers = [2 * n + i for n in finished for i in (0, 1)]
     pids.mkdir()
     env = {"MN_RUN": ",".join(f"{r}:0" for r in [*finishers, 2 * failing + 1]) + ",*:600",
            "MN_FAIL_RANK": str(2 * failing + 1),
-           "MN_FAIL_CODE": "7", "MN_FAIL_AFTER_EXITS": str(pids), "MN_FINISHERS": ",".join(map(str, finishers))}
+           "MN_FAIL_CODE": "7", "MN_FAIL_AFTER_EXITS": str(pids), "MN_FINISHERS": ",".join(map(str, finishers)),
+           **({} if gloo else STORE_GROUP)}
     agents = [start_agent(net[i], make_args(i), name=f"node{i}", env=env) for i in range(len(net))]
     codes = wait_all(agents, BOUND + 60, expect=None)
     return agents, codes
@@ -114,8 +121,10 @@ def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_c10d(make_ne
     net = make_network(2)
     port = free_port(net[0])
     failing = 1 - finished
+    # One gloo job is enough here: the ending is the same whichever node finished.
     agents, codes = fail_after_finish(start_agent, net, lambda i: c10d_args(net, i, port, "after-finish"),
-                                      finished=[finished], failing=failing, pids=tmp_path / "pids")
+                                      finished=[finished], failing=failing, pids=tmp_path / "pids",
+                                      gloo=finished == 0)
     assert codes == [1, 1], logs(agents)
     for agent in agents:
         assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
@@ -130,7 +139,7 @@ def test_a_failure_after_a_node_finished_ends_the_job_on_every_node_static(make_
     net = make_network(2)
     port = free_port(net[0])
     agents, codes = fail_after_finish(start_agent, net, lambda i: static_args(net, i, port), finished=[0], failing=1,
-                                      pids=tmp_path / "pids")
+                                      pids=tmp_path / "pids", gloo=True)
     assert codes == [1, 1], logs(agents)
     for agent in agents:
         assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
@@ -145,7 +154,7 @@ def test_a_failure_after_two_nodes_finished_names_both(make_network, start_agent
     net = make_network(3)
     port = free_port(net[0])
     agents, codes = fail_after_finish(start_agent, net, lambda i: c10d_args(net, i, port, "two-finished", 3),
-                                      finished=[0, 2], failing=1, pids=tmp_path / "pids")
+                                      finished=[0, 2], failing=1, pids=tmp_path / "pids", gloo=False)
     assert codes == [1, 1, 1], logs(agents)
     for agent in agents:
         assert agent.elapsed < BOUND, f"took {agent.elapsed:.1f} s\n{logs(agents)}"
@@ -163,7 +172,8 @@ def test_a_failure_just_before_the_other_node_finishes_is_reported_not_restarted
     whose new round is then closed, reports its failure. Both exit 1 with the root cause."""
     net = make_network(2)
     port = free_port(net[0])
-    env = {"MN_RUN": "0:6,1:6,*:2", "MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7"}
+    env = {"MN_RUN": "0:6,1:6,*:2", "MN_FAIL_RANK": "3", "MN_FAIL_CODE": "7",
+           **({} if backend == "c10d" else STORE_GROUP)}
     make = (lambda i: c10d_args(net, i, port, "race")) if backend == "c10d" else (lambda i: static_args(net, i, port))
     slow = make(0)
     slow[slow.index("--monitor-interval") + 1] = "30"
@@ -181,11 +191,12 @@ def test_a_failure_just_before_the_other_node_finishes_is_reported_not_restarted
         agents[1].describe(80)
 
 
-def start_uneven(start_agent, net, make_args, *, finished: int):
+def start_uneven(start_agent, net, make_args, *, finished: int, gloo: bool):
     """Node ``finished``'s ranks finish at once, the other node's run for ten minutes; returns
-    once the finished node waits at its exit barrier."""
+    once the finished node waits at its exit barrier. ``gloo``: as in :func:`fail_after_finish`."""
     run = f"{2 * finished}:0,{2 * finished + 1}:0,*:600"
-    agents = [start_agent(net[i], make_args(i), name=f"node{i}", env={"MN_RUN": run}) for i in range(len(net))]
+    env = {"MN_RUN": run, **({} if gloo else STORE_GROUP)}
+    agents = [start_agent(net[i], make_args(i), name=f"node{i}", env=env) for i in range(len(net))]
     wait_until(lambda: AT_BARRIER in agents[finished].stderr or any(a.poll() is not None for a in agents), 90,
                f"node {finished} to wait at its exit barrier", on_timeout=lambda: logs(agents))
     assert all(a.poll() is None for a in agents), logs(agents)
@@ -199,7 +210,8 @@ def test_a_node_lost_while_the_other_waits_at_the_exit_barrier(make_network, sta
     ranks as lost before they finished (not 0 after --exit-barrier-timeout)."""
     net = make_network(2)
     port = free_port(net[0])
-    agents = start_uneven(start_agent, net, lambda i: c10d_args(net, i, port, "lost-at-barrier"), finished=0)
+    agents = start_uneven(start_agent, net, lambda i: c10d_args(net, i, port, "lost-at-barrier"), finished=0,
+                          gloo=False)
     killed = time.monotonic()
     agents[1].kill(signal.SIGKILL)
     assert agents[0].wait(BOUND) == 1, logs(agents)
@@ -217,7 +229,8 @@ def test_the_store_host_dies_while_the_other_waits_at_the_exit_barrier(make_netw
     running. Node 1 exits 1 at once, naming the store that is gone and node 0's ranks as lost."""
     net = make_network(2)
     port = free_port(net[0])
-    agents = start_uneven(start_agent, net, lambda i: c10d_args(net, i, port, "host-dies"), finished=1)
+    agents = start_uneven(start_agent, net, lambda i: c10d_args(net, i, port, "host-dies"), finished=1,
+                          gloo=False)
     killed = time.monotonic()
     net[0].kill_all(signal.SIGKILL)
     assert agents[1].wait(BOUND) == 1, logs(agents)
@@ -237,7 +250,8 @@ def test_a_link_cut_while_the_other_waits_at_the_exit_barrier(make_network, star
     exit 1 within seconds."""
     net = make_network(2)
     port = free_port(net[0])
-    agents = start_uneven(start_agent, net, lambda i: c10d_args(net, i, port, "cut-at-barrier"), finished=0)
+    agents = start_uneven(start_agent, net, lambda i: c10d_args(net, i, port, "cut-at-barrier"), finished=0,
+                          gloo=True)
     cut = time.monotonic()
     net[1].cut()
     codes = wait_all(agents, BOUND, expect=None)
@@ -259,7 +273,8 @@ def test_a_node_that_finished_and_then_vanished_fails_nobody(make_network, start
     net = make_network(2)
     port = free_port(net[0])
     run = "0:15,1:15,*:0"
-    agents = [start_agent(net[i], c10d_args(net, i, port, "finished-then-gone"), name=f"node{i}", env={"MN_RUN": run})
+    agents = [start_agent(net[i], c10d_args(net, i, port, "finished-then-gone"), name=f"node{i}",
+                          env={"MN_RUN": run, **STORE_GROUP})
               for i in (0, 1)]
     wait_until(lambda: AT_BARRIER in agents[1].stderr or any(a.poll() is not None for a in agents), 90,
                "node 1 to wait at its exit barrier", on_timeout=lambda: logs(agents))
@@ -331,7 +346,7 @@ def test_a_node_lost_while_the_other_waits_at_the_exit_barrier_etcd(make_network
                                                                     etcd_plugin):
     """Issue 25 through etcd: node 0 finished and waits; node 1's agent is SIGKILLed."""
     net, endpoint, env = etcd_network(make_network, tmp_path, etcd_plugin)
-    env["MN_RUN"] = "0:0,1:0,*:600"
+    env.update({"MN_RUN": "0:0,1:0,*:600", **STORE_GROUP})
     agents = [start_agent(net[i], etcd_args(net, i, endpoint, "etcd-lost"), name=f"node{i}", env=env)
               for i in (0, 1)]
     wait_until(lambda: AT_BARRIER in agents[0].stderr or any(a.poll() is not None for a in agents), 90,

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.background_job import BackgroundJob
 from tests.conftest import LAUNCHER, launcher_env
 
 # Each rank notes its pid, then prints and heartbeats until the go file appears. With FAIL_FIRST
@@ -45,31 +46,17 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> 
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class Job:
+class Job(BackgroundJob):
     """A two-rank job of WORKER with ``--log-dir``, in the background."""
 
     def __init__(self, script: str, tmp_path: Path, flags: list[str], env: dict[str, str]) -> None:
-        self.ready, self.go, self.log_dir = tmp_path / "ready", tmp_path / "go", tmp_path / "logs"
-        self.process = subprocess.Popen(
-            [*LAUNCHER, "--standalone", "--nproc-per-node", "2", "--log-dir", str(self.log_dir),
-             "--hang-timeout", "120", *flags, script, str(self.ready), str(self.go)],
-            env=launcher_env(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
+        self.ready, self.log_dir = tmp_path / "ready", tmp_path / "logs"
+        super().__init__(["--standalone", "--nproc-per-node", "2", "--log-dir", str(self.log_dir),
+                          "--hang-timeout", "120", *flags, script, str(self.ready), str(tmp_path / "go")],
+                         tmp_path / "go", env)
 
     def pids(self, attempt: int = 0) -> dict[int, int]:
         """Each rank's pid once every rank of ``attempt`` is up."""
         files = [Path(f"{self.ready}.{attempt}.{rank}") for rank in (0, 1)]
-        wait_for(lambda: all(f.exists() and f.read_text() for f in files) or self.process.poll() is not None,
-                 f"the ranks of attempt {attempt}")
-        assert self.process.poll() is None, self.finish()
-        return {rank: int(f.read_text()) for rank, f in enumerate(files)}
-
-    def finish(self) -> tuple[int, str]:
-        self.go.touch()
-        try:
-            _, stderr = self.process.communicate(timeout=60)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode, stderr
+        pids = self.wait_for_ranks(files, f"the ranks of attempt {attempt}")
+        return {rank: pids[f] for rank, f in enumerate(files)}

@@ -20,6 +20,9 @@ from tests.multinode.netns import Host, Network, cleanup_stale, unavailable_reas
 pytestmark = pytest.mark.timeout(180)
 
 SECRET = b"0123456789abcdef-site-secret"
+#: How long a client expected to be refused keeps trying (a refusal closes each connection at once,
+#: so this is several tries); an admitted client gets 10 s to connect and write.
+REFUSED_AFTER = 1.0
 ip = ipaddress.ip_address
 
 
@@ -120,24 +123,36 @@ for line in sys.stdin:
 server.close()
 """
 
-# One client: ours (with or without a secret) or torch's; prints "ok" or "refused <why>".
-CLIENT = """
+# Clients of one host, one per line on stdin: ours (with or without a secret) or torch's; prints
+# "ok" or "refused <why>" for each. Each line is a new client (new connections), but the process
+# stays: torch is imported once per host rather than once per client.
+CLIENTS = """
 import sys
-kind, host, port, key, secret = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-try:
-    if kind == "torch":
-        import datetime
-        import torch.distributed as dist
-        store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=3))
-    else:
-        from launcher.store.client import TCPStoreClient
-        store = TCPStoreClient(host, port, timeout=3, secret=secret.encode() if secret != "-" else None)
-    store.set(key, b"written")
-    assert store.get(key) == b"written"
-    print("ok", flush=True)
-except Exception as exc:
-    print("refused", type(exc).__name__, str(exc).splitlines()[0][:200], flush=True)
+for line in sys.stdin:
+    kind, host, port, key, secret, timeout = line.split()
+    store = None
+    try:
+        if kind == "torch":
+            import datetime
+            import torch.distributed as dist
+            wait = datetime.timedelta(seconds=float(timeout))
+            store = dist.TCPStore(host, int(port), is_master=False, timeout=wait)
+        else:
+            from launcher.store.client import TCPStoreClient
+            store = TCPStoreClient(host, int(port), timeout=float(timeout),
+                                   secret=secret.encode() if secret != "-" else None)
+        store.set(key, b"written")
+        assert store.get(key) == b"written"
+        print("ok", flush=True)
+    except Exception as exc:
+        print("refused", type(exc).__name__, str(exc).splitlines()[0][:200], flush=True)
+    finally:
+        # Its connection closes now, as a client process that exits closes it.
+        if kind != "torch" and store is not None:
+            store.close()
+        del store
 """
+
 
 # A client that connects first and writes only when told to (on stdin).
 LATE_WRITER = """
@@ -185,14 +200,46 @@ class NamespaceStore:
         return self.proc.stderr.read()
 
 
-def use(host: Host, store: NamespaceStore, kind: str, key: str, secret: bytes | None = None, at: str = "") -> str:
-    """Run one client of ``kind`` on ``host`` against ``store``; its one-line verdict."""
+class HostClients:
+    """One :data:`CLIENTS` process per namespace host, started at its first client."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+
+    def run(self, host: Host, line: str) -> str:
+        proc = self.procs.get(host.netns)
+        if proc is None:
+            proc = self.procs[host.netns] = subprocess.Popen(
+                host.argv([sys.executable, "-c", CLIENTS]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        verdict = proc.stdout.readline().strip()
+        assert verdict, f"the clients of {host.netns} exited with {proc.wait(timeout=30)}"
+        return verdict
+
+    def close(self) -> None:
+        """End the client processes (each is idle between lines: nothing is lost)."""
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self.procs.clear()
+
+
+_clients = HostClients()
+
+
+def use(host: Host, store: NamespaceStore, kind: str, key: str, secret: bytes | None = None, at: str = "",
+        timeout: float = 10.0) -> str:
+    """One new client of ``kind`` on ``host`` against ``store``, giving up after ``timeout``
+    seconds; its one-line verdict."""
     target = at or store.host.addr
-    argv = [sys.executable, "-c", CLIENT, kind, target, str(store.port), key, secret.decode() if secret else "-"]
-    result = host.run(argv, timeout=90)
-    lines = result.stdout.strip().splitlines()
-    assert lines, result.stderr
-    return lines[-1]
+    return _clients.run(host, f"{kind} {target} {store.port} {key} {secret.decode() if secret else '-'} {timeout}")
 
 
 @pytest.fixture
@@ -207,6 +254,7 @@ def hosts() -> Iterator[Network]:
     try:
         yield network
     finally:
+        _clients.close()
         network.destroy()
 
 
@@ -216,10 +264,11 @@ def test_joiners_need_the_secret_and_members_keep_access_once_restricted(hosts: 
     try:
         # The round is open: a joiner must prove the secret; torch's client cannot.
         assert use(member, store, "ours", "join-1", SECRET) == "ok"
-        assert use(foreigner, store, "ours", "join-2").startswith("refused")
-        assert use(foreigner, store, "ours", "join-3", b"a-wrong-secret-of-length").startswith("refused")
+        assert use(foreigner, store, "ours", "join-2", timeout=REFUSED_AFTER).startswith("refused")
+        wrong = b"a-wrong-secret-of-length"
+        assert use(foreigner, store, "ours", "join-3", wrong, timeout=REFUSED_AFTER).startswith("refused")
         assert use(foreigner, store, "ours", "join-4", SECRET) == "ok"
-        assert use(member, store, "torch", "worker-0").startswith("refused")
+        assert use(member, store, "torch", "worker-0", timeout=REFUSED_AFTER).startswith("refused")
         assert store.ask("has join-2") == "False" and store.ask("has join-3") == "False"
 
         # A foreigner connected with the secret before the round closed...
@@ -237,8 +286,8 @@ def test_joiners_need_the_secret_and_members_keep_access_once_restricted(hosts: 
         assert use(member, store, "torch", "worker-1") == "ok"  # workers: admitted by address
         assert use(member, store, "ours", "agent-1") == "ok"
         assert use(server_host, store, "torch", "local-1", at="127.0.0.1") == "ok"
-        assert use(foreigner, store, "torch", "closing").startswith("refused")
-        assert use(foreigner, store, "ours", "closing-2", SECRET).startswith("refused")
+        assert use(foreigner, store, "torch", "closing", timeout=REFUSED_AFTER).startswith("refused")
+        assert use(foreigner, store, "ours", "closing-2", SECRET, timeout=REFUSED_AFTER).startswith("refused")
         assert store.ask("has closing") == "False" and store.ask("has closing-2") == "False"
         assert store.ask("has worker-1") == "True"
 
@@ -257,7 +306,7 @@ def test_join_networks_refuse_outsiders_even_with_the_secret(hosts: Network) -> 
     store = NamespaceStore(server_host, f"{inside.addr}/32", SECRET)
     try:
         assert use(inside, store, "ours", "in", SECRET) == "ok"
-        assert use(outside, store, "ours", "out", SECRET).startswith("refused")
+        assert use(outside, store, "ours", "out", SECRET, timeout=REFUSED_AFTER).startswith("refused")
         assert store.ask("has out") == "False"
     finally:
         store.close()
@@ -270,10 +319,10 @@ def test_restriction_without_a_secret_admits_members_by_address(hosts: Network) 
         assert use(foreigner, store, "torch", "before") == "ok"  # nothing configured: open
         assert store.ask(f"restrict {member.addr}") == "ok"
         assert store.ask("knocks") == "-"
-        assert use(foreigner, store, "torch", "after").startswith("refused")
-        assert use(foreigner, store, "ours", "after-2").startswith("refused")
+        assert use(foreigner, store, "torch", "after", timeout=REFUSED_AFTER).startswith("refused")
+        assert use(foreigner, store, "ours", "after-2", timeout=REFUSED_AFTER).startswith("refused")
         # The foreigner would be admitted to an open round: it is counted as a would-be joiner
-        # (asked now: a knock counts only for a while, and torch clients start slowly on a busy machine).
+        # (asked at once: a knock counts for KNOCK_WINDOW seconds, and new clients take a while).
         assert store.ask("knocks") == foreigner.addr
         assert use(member, store, "torch", "member") == "ok"
         assert store.ask("has after") == "False" and store.ask("has member") == "True"

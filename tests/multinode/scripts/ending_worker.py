@@ -4,6 +4,12 @@ Every rank joins the gloo group, makes one all_reduce, prints ``rank R ready``, 
 and then "works" (sleeps) without further collectives, so that one node can finish, fail or
 vanish while the others run, and no rank fails merely because a peer went away.
 
+``MN_GROUP=store``: the group forms without torch instead, as a barrier of every rank on the
+job's worker store (``MASTER_ADDR:MASTER_PORT``, served by the agents) through launcher's
+pure-Python store client. The ending is the same (the group is left before any node ends), and
+a worker starts in a tenth of the time: tests about endings use it, keeping one gloo job per
+scenario.
+
 ``MN_RUN``: how long each rank works, ``RANK:SECONDS`` pairs and a default ``*:SECONDS``
 (``0:0,1:0,*:600``: ranks 0 and 1 finish at once, the others run for ten minutes).
 ``MN_FAIL_RANK`` (a global rank) then exits with ``MN_FAIL_CODE`` instead of 0, after writing
@@ -20,23 +26,43 @@ import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-
 
 def run_seconds(rank: int) -> float:
     table = dict(item.split(":", 1) for item in os.environ.get("MN_RUN", "*:0").split(",") if item)
     return float(table.get(str(rank), table.get("*", "0")))
 
 
-def main() -> int:
-    timeout = datetime.timedelta(seconds=float(os.environ.get("MN_PG_TIMEOUT", "60")))
-    dist.init_process_group("gloo", timeout=timeout)
+def form_gloo_group(timeout: float) -> int:
+    """Join the gloo group, make one all_reduce, leave the group; this worker's rank."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(1))
-    print(f"rank {rank} ready", flush=True)
     # Local only for gloo; without it gloo may abort the process at exit.
     dist.destroy_process_group()
+    return rank
+
+
+def form_store_group(timeout: float) -> int:
+    """Wait until every rank of this attempt has arrived, on the worker store; this worker's rank."""
+    from launcher.store.client import TCPStoreClient
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # A restart meets the same store again: its barrier is a new one.
+    key = f"mn-ending/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    with TCPStoreClient(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=timeout) as store:
+        if store.add(f"{key}/arrived", 1) == world:
+            store.set(f"{key}/formed", b"1")
+        store.wait([f"{key}/formed"])
+    return rank
+
+
+def main() -> int:
+    timeout = float(os.environ.get("MN_PG_TIMEOUT", "60"))
+    rank = form_store_group(timeout) if os.environ.get("MN_GROUP") == "store" else form_gloo_group(timeout)
+    print(f"rank {rank} ready", flush=True)
     pids = os.environ.get("MN_FAIL_AFTER_EXITS")
     if pids:
         with open(os.path.join(pids, f"{rank}.tmp"), "w") as f:
