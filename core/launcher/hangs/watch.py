@@ -17,28 +17,19 @@ fraction of a second.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, stable_copy, unpack_slot
+from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, unpack_slot
+from launcher.slot_table import SlotTable
 
 
-class HeartbeatTable:
+class HeartbeatTable(SlotTable):
     """The heartbeat file of one attempt: ``count`` zeroed slots, mapped by the agent."""
 
     def __init__(self, path: str, count: int) -> None:
-        self.path = path
-        self.count = count
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, max(1, count) * SLOT_SIZE)
-            self._page = mmap.mmap(fd, max(1, count) * SLOT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)
+        super().__init__(path, count, SLOT_SIZE)
 
     def read(self, index: int) -> tuple[float, float, float, str]:
         """``(last beat, quiet deadline, quiet start, quiet name)`` of one slot."""
@@ -46,13 +37,8 @@ class HeartbeatTable:
 
     def read_all(self) -> list[tuple[float, float, float, str]]:
         """Every slot, from one consistent copy of the table."""
-        data = stable_copy(self._page, 0, self.count * SLOT_SIZE)
+        data = self.copy()
         return [unpack_slot(data, index * SLOT_SIZE) for index in range(self.count)]
-
-    def close(self) -> None:
-        self._page.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
 
 
 @dataclass

@@ -6,13 +6,10 @@ A :class:`TimingTable` is created zeroed before the workers start and mapped rea
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import os
 import struct
 from typing import NamedTuple
 
-from launcher.hangs.heartbeat import stable_copy
+from launcher.slot_table import SlotTable
 from launcher.stragglers.timing import SLOT_SIZE
 
 _SLOT = struct.Struct("<ddqqqd")
@@ -44,26 +41,13 @@ class RankTotals(NamedTuple):
         return self.collectives > 0 or self.entered > 0 or self.steps > 0
 
 
-class TimingTable:
+class TimingTable(SlotTable):
     """The straggler file of one attempt: ``count`` zeroed slots, mapped by the agent."""
 
     def __init__(self, path: str, count: int) -> None:
-        self.path = path
-        self.count = count
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, max(1, count) * SLOT_SIZE)
-            self._page = mmap.mmap(fd, max(1, count) * SLOT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)
+        super().__init__(path, count, SLOT_SIZE)
 
     def read_all(self) -> list[RankTotals]:
         """Every slot, from one consistent copy of the table."""
-        data = stable_copy(self._page, 0, self.count * SLOT_SIZE)
+        data = self.copy()
         return [RankTotals(*_SLOT.unpack_from(data, index * SLOT_SIZE)) for index in range(self.count)]
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError, ValueError):
-            self._page.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
