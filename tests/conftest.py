@@ -25,6 +25,7 @@ for _signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(_signum, signal.default_int_handler if _signum == signal.SIGINT else signal.SIG_DFL)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist runs the tests in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """``-n 2 --dist loadgroup`` (tox's py3 run): two lanes, see :mod:`tests.lanes`."""
     if config.getvalue("dist") != "loadgroup":
