@@ -128,7 +128,7 @@ class Agent:
             if plan.preemption is not None:  # its machinery only when a preemption flag asks for it
                 from launcher.preemption.watch import PreemptionWatch
                 self._preemption = PreemptionWatch(plan, plan.preemption, self._emit)
-                stack.callback(self._preemption.close)
+                stack.callback(lambda: self._preemption.close(result.exit_code) if self._preemption else None)
             self._stragglers = straggler_monitor(plan, self._emit, stack)  # --straggler-detection (launcher.stragglers)
             watchdog = self._watchdog if self._watchdog is not None else Watchdog(own_process=self._own_process)
             stack.callback(watchdog.stop)

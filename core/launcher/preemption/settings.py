@@ -1,5 +1,5 @@
-"""The preemption flags, ``--preemption-signals``, ``--preemption-grace`` and ``--requeue``:
-declared, parsed and checked here (``settings["preemption"]``).
+"""The preemption flags, ``--preemption-signals``, ``--preemption-grace``, ``--requeue`` and
+``--preemption-state-dir``: declared, parsed and checked here (``settings["preemption"]``).
 
 Preemption handling is off unless one of them is given, so a plain SIGTERM keeps torchrun's
 meaning (forward it, stop, exit 128+15). With any, the signals named (SIGTERM by default) mean
@@ -38,6 +38,9 @@ class PreemptionPlan(NamedTuple):
     grace: float
     #: ``--requeue``: requeue the Slurm job after the save (launcher.preemption.requeue).
     requeue: bool = False
+    #: ``--preemption-state-dir``: where launcher counts the job's preemptions across runs
+    #: (launcher.preemption.record); ``None``: only Slurm's restart count is known.
+    state_dir: "str | None" = None
 
 
 class PreemptionSettings(NamedTuple):
@@ -48,10 +51,12 @@ class PreemptionSettings(NamedTuple):
     #: Seconds to save and exit (``None``: ``--shutdown-timeout``).
     grace: "float | None" = None
     requeue: bool = False
+    #: An existing, writable directory (absolute), or ``None``.
+    state_dir: "str | None" = None
 
     @property
     def enabled(self) -> bool:
-        return self.signals is not None or self.grace is not None or self.requeue
+        return self.signals is not None or self.grace is not None or self.requeue or self.state_dir is not None
 
 
 def parse_preemption_signals(value: Any, name: str = "--preemption-signals") -> "tuple[int, ...] | None":
@@ -86,25 +91,32 @@ def parse_preemption_grace(value: Any, name: str = "--preemption-grace") -> "flo
 
 
 def preemption_plan(signals: "Sequence[int] | None", grace: "float | None", default_grace: float,
-                    requeue: bool = False) -> "PreemptionPlan | None":
+                    requeue: bool = False, state_dir: "str | None" = None) -> "PreemptionPlan | None":
     """The plan, or ``None`` when no preemption flag was given (preemption handling off).
 
     ``default_grace`` (``--shutdown-timeout``) applies when the grace was not given.
     """
-    if signals is None and grace is None and not requeue:
+    if signals is None and grace is None and not requeue and state_dir is None:
         return None
     numbers = tuple(signals) if signals is not None else tuple(int(getattr(signal, s)) for s in DEFAULT_SIGNALS)
-    return PreemptionPlan(numbers, default_grace if grace is None else grace, requeue)
+    return PreemptionPlan(numbers, default_grace if grace is None else grace, requeue, state_dir)
 
 
-def preemption_settings(signals: Any = None, grace: Any = None, requeue: bool = False, *,
-                        names: "tuple[str, str, str]" = ("--preemption-signals", "--preemption-grace", "--requeue"),
+def preemption_settings(signals: Any = None, grace: Any = None, requeue: bool = False, state_dir: Any = None, *,
+                        names: "tuple[str, ...]" = ("--preemption-signals", "--preemption-grace", "--requeue",
+                                                    "--preemption-state-dir"),
                         ) -> PreemptionSettings:
     """The settings, checked as the flags are; the Python API's way:
     ``LaunchConfig(settings={"preemption": preemption_settings(grace=60)})``. ``--requeue`` is
-    checked against the environment (a Slurm job) now, before anything starts."""
+    checked against the environment (a Slurm job) now, before anything starts; so is
+    ``state_dir`` (an existing, writable directory)."""
+    directory = None
+    if state_dir is not None and str(state_dir).strip():  # its module only when asked for: every launch parses
+        from launcher.preemption.record import check_state_dir
+
+        directory = check_state_dir(state_dir, names[3])
     settings = PreemptionSettings(parse_preemption_signals(signals, names[0]), parse_preemption_grace(grace, names[1]),
-                                  bool(requeue))
+                                  bool(requeue), directory)
     if settings.requeue:
         import os
 
@@ -117,15 +129,16 @@ def preemption_settings(signals: Any = None, grace: Any = None, requeue: bool = 
 def read_preemption(values: FlagValues) -> PreemptionSettings:
     """``--preemption-signals``, ``--preemption-grace`` and ``--requeue``, checked."""
     return preemption_settings(values["preemption_signals"], values["preemption_grace"], bool(values["requeue"]),
+                               values["preemption_state_dir"],
                                names=(values.source("preemption_signals"), values.source("preemption_grace"),
-                                      values.source("requeue")))
+                                      values.source("requeue"), values.source("preemption_state_dir")))
 
 
 def plan_for(settings: "PreemptionSettings | None", shutdown_timeout: float) -> "PreemptionPlan | None":
     """The preemption plan (``None``: preemption handling off); the grace defaults to ``shutdown_timeout``."""
     if settings is None:
         return None
-    return preemption_plan(settings.signals, settings.grace, shutdown_timeout, settings.requeue)
+    return preemption_plan(settings.signals, settings.grace, shutdown_timeout, settings.requeue, settings.state_dir)
 
 
 FLAGS: FlagGroup[PreemptionSettings] = FlagGroup(
@@ -143,5 +156,10 @@ FLAGS: FlagGroup[PreemptionSettings] = FlagGroup(
         Flag("--requeue", switch=True, underscore=False,
              help="Under Slurm: after a preemption's save, one node runs 'scontrol requeue' for the job (when it "
              "is requeueable and Slurm is not requeueing it already). Turns preemption handling on."),
+        Flag("--preemption-state-dir", default=None,
+             help="An existing directory that outlives the job (shared by its nodes: where checkpoints go): "
+             "launcher counts the job's preemptions there across runs, so a job run again after exit status 75 "
+             "finds LAUNCHER_PREEMPTION_COUNT above 0 outside Slurm too; removed when the job succeeds. Turns "
+             "preemption handling on."),
     ),
 )

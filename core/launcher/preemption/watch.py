@@ -40,6 +40,7 @@ from launcher.store.api import StoreError
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
     from launcher.plan import LaunchPlan
+    from launcher.preemption.record import PreemptionRecord
     from launcher.preemption.settings import PreemptionPlan
     from launcher.rendezvous.api import RendezvousInfo
 
@@ -86,6 +87,11 @@ class PreemptionWatch:
         self._info: RendezvousInfo | None = None
         self._next_check = 0.0
         self._hurried = False
+        self._record: PreemptionRecord | None = None
+        if settings.state_dir is not None:  # --preemption-state-dir: our own count across runs
+            from launcher.preemption.record import PreemptionRecord
+
+            self._record = PreemptionRecord(settings.state_dir, plan.run_id)
 
     def is_preemption(self, signum: int | None) -> bool:
         """Whether ``signum`` is one of the signals that mean preemption."""
@@ -116,11 +122,17 @@ class PreemptionWatch:
             finally:
                 os.close(fd)
         signals = ",".join(str(n) for n in self.settings.signals)
-        count = str(preemption_count(os.environ))  # a continuation knows it is one
+        count = str(self.continuation())  # a continuation knows it is one
         for env in envs.values():
             env[NOTICE_FILE_ENV] = self._path
             env[NOTICE_SIGNALS_ENV] = signals
             env[PREEMPTION_COUNT_ENV] = count
+
+    def continuation(self) -> int:
+        """How many times this job was preempted (or requeued) before this run: Slurm's restart
+        count, or launcher's own record (``--preemption-state-dir``), whichever is larger."""
+        own = self._record.count if self._record is not None else 0
+        return max(preemption_count(os.environ), own)
 
     def next_due(self) -> float:
         """Seconds until the next look in the store (the agent's selector sleeps no longer)."""
@@ -212,6 +224,8 @@ class PreemptionWatch:
         self._emit("preempted", signal=name, received_by=self._name(), grace=0.0)
         message = f"node {self._name()}: job preempted ({name} received here) while no worker ran; exit status 75"
         log.warning("%s", message)
+        if self._record is not None:
+            self._record.preempted(name, self._name())
         return AgentResult(exit_code=PREEMPTED_EXIT, preempted=True, message=message)
 
     def finish(self, group: WorkerGroup, shutdown_timeout: float) -> AgentResult:
@@ -240,6 +254,8 @@ class PreemptionWatch:
                                   received_by=notice.node, local=notice.local, grace=notice.grace, ranks=ends)
         # Said before the nodes part: a scheduler may stop the others once the first node exits.
         log.warning("%s", report.render())
+        if self._record is not None:  # before the wait: a scheduler may kill this node any moment now
+            self._record.preempted(report.signal_name, report.received_by)
         self._wait_for_others()
         message = report.render()
         if self.settings.requeue and (self._info is None or self._info.group_rank == 0):  # one node requeues
@@ -262,8 +278,11 @@ class PreemptionWatch:
                 info.store.set(f"{base}/all_done", b"1")
             info.store.wait([f"{base}/all_done"], timeout=DONE_WAIT)
 
-    def close(self) -> None:
-        """Unmap and remove the notice file."""
+    def close(self, exit_code: int | None = None) -> None:
+        """Unmap and remove the notice file; a job that succeeded (``exit_code`` 0) removes its
+        preemption record: the next run with its id is a first run."""
+        if exit_code == 0 and self._record is not None:
+            self._record.succeeded()
         if self._page is not None:
             with contextlib.suppress(Exception):
                 self._page.close()
