@@ -250,7 +250,11 @@ def _connect() -> _Channel | None:
 
 def _forget_in_child() -> None:
     global _channel, _channel_checked
-    _channel, _channel_checked = None, True  # a forked child never recovers on its own
+    if _channel_checked:  # a child of a process that looked (a worker's data loader): never on its own
+        _channel, _channel_checked = None, True
+    # Else the parent never looked: the agent itself, whose Python API forks function workers
+    # (start_method="fork") after importing the wrapped function. The child looks for itself,
+    # and the agent accepts it only if it is the worker it started (SO_PEERCRED).
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
