@@ -181,8 +181,9 @@ class _Channel:
             if now is not None and now == last and now != released_at:
                 released_at = now
                 count = release.shutdown_new_connections(before)
-                sys.stderr.write(f"launcher: recoverable: the main thread was blocked for {STUCK_AFTER:g}s after "
-                                 f"the process groups were aborted; shut down {count} connection(s) it opened\n")
+                if count:
+                    sys.stderr.write(f"launcher: recoverable: the main thread was blocked for {STUCK_AFTER:g}s after "
+                                     f"the process groups were aborted; shut down {count} connection(s) it opened\n")
             last = now
 
     def enter(self) -> None:
