@@ -308,7 +308,8 @@ class Agent:
                     return unfinished
                 if self._restart_count:
                     log.warning("job succeeded on this node; %s", restarts_note(self._tally, plan.max_restarts))
-                self._emit("job_succeeded", restart_count=self._restart_count, in_place_recoveries=self.recoveries_in_place)
+                self._emit("job_succeeded", restart_count=self._restart_count,
+                           in_place_recoveries=self.recoveries_in_place)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome is WatchOutcome.MEMBERSHIP:
                 kept = self._recover_in_place(group, [], info, handler, None)
