@@ -1,6 +1,6 @@
-"""Recovery in place across two namespace hosts, gloo: the issue's 8-rank test as 2 x 2, over c10d and etcd
-(a SIGKILLed rank's replacement is tested on one node, tests/recovery: a fresh torch import here would
-double this file's time).
+"""Recovery in place across two namespace hosts, gloo: the issue's 8-rank test as 2 x 2, over c10d and etcd:
+a rank that raises, and a rank SIGKILLed while every other rank, on both nodes, waits in a collective
+(it is replaced by a fresh process; every other one keeps its own).
 
 Each rank appends what happened to a file named by its rank of the moment (a new round may give
 a process another global rank), so the checks follow processes by pid.
@@ -76,6 +76,41 @@ def test_two_nodes_recover_in_place(make_network, start_agent, tmp_path):
     assert stderr.count("recovering in place") == 2, logs  # each node, for its own workers
     assert "restarting (" not in stderr, logs
 
+
+#: Generous: the release takes milliseconds; gloo's own timeout (30 minutes) is far above it.
+RELEASE_BOUND_S = 15.0
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_on_one_node_is_replaced_and_every_other_keeps_its_process(make_network, start_agent,
+                                                                                 tmp_path):
+    net = make_network(2)
+    # Rank 3 (second node) waits a second at step 5 of the first attempt, then SIGKILLs itself: every
+    # live rank, on both nodes, then sits in that step's all-reduce, inside gloo, when it dies.
+    agents, records = run_pair(net, start_agent, tmp_path / "killed", "3:5:kill", env={"TOY_FAIL_DELAY": "1"})
+    logs = "\n".join(a.describe() for a in agents)
+    starts = [r for r in records if r["event"] == "start"]
+    killed = next(r for r in records if r["event"] == "failing")
+    # Each of the 3 live processes ran the function twice (restart 0, then 1); the killed one's slot
+    # has a fresh process, which ran it once, in the second attempt.
+    calls = Counter(r["pid"] for r in starts)
+    assert calls[killed["pid"]] == 1 and len(calls) == WORLD + 1, (calls, logs)
+    kept = [pid for pid in calls if pid != killed["pid"]]
+    assert sorted(calls[pid] for pid in kept) == [1, 2, 2, 2], (calls, logs)
+    [fresh] = [pid for pid in kept if calls[pid] == 1]
+    assert [r["restart"] for r in starts if r["pid"] == fresh] == [1]
+    assert all(r["step"] == 5 for r in starts if r["restart"] == 1), logs  # from the step-4 checkpoint
+    # Every live rank was blocked in step 5's all-reduce, and released within the bound.
+    released = {r["pid"]: r["t"] for r in records if r["event"] == "released"}
+    assert set(released) == {pid for pid in calls if pid not in (killed["pid"], fresh)}, (released, logs)
+    for pid, at in released.items():
+        assert 0 <= at - killed["t"] < RELEASE_BOUND_S, (pid, at - killed["t"], logs)
+    finals = final_params(records)
+    assert len(finals) == WORLD and all(p == finals[0] for p in finals), logs
+    assert finals[0] == pytest.approx(uninterrupted_params(), rel=1e-12, abs=1e-15)
+    stderr = "\n".join(a.stderr for a in agents)
+    assert "was killed by SIGKILL; recovering in place" in agents[1].stderr, logs
+    assert stderr.count("recovering in place") == 2 and "restarting (" not in stderr, logs
 
 
 def uninterrupted_params() -> list[float]:

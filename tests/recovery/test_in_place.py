@@ -64,6 +64,8 @@ def test_a_rank_that_raises_recovers_in_place(raised, reference):
     assert result.returncode == 0, result.stderr
     assert "local rank 2 (pid" in result.stderr and "raised RuntimeError: rank 2 fails at step 5" in result.stderr
     assert "recovering in place (1 of 2 restarts left)" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "job succeeded on this node; restarts used: 1 in-place recovery, 0 restarts (of --max-restarts 2)" in last
     for rank in range(NPROC):
         calls = pids(records, rank)
         assert len(calls) == 2 and calls[0] == calls[1], (rank, calls)  # called again, in the same process
@@ -82,6 +84,8 @@ def test_the_events_say_in_place_recovery(raised):
     started = [e["data"] for e in events if e["type"] == "workers_started"]
     assert [(s["restart_count"], s.get("in_place", False)) for s in started] == [(0, False), (1, True)]
     assert [w["pid"] for w in started[0]["workers"]] == [w["pid"] for w in started[1]["workers"]]
+    [succeeded] = [e["data"] for e in events if e["type"] == "job_succeeded"]
+    assert succeeded == {"restart_count": 1, "in_place_recoveries": 1}
 
 
 def test_a_rank_blocked_in_a_collective_is_released(raised):

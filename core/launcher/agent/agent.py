@@ -28,7 +28,7 @@ from launcher.agent.attempt import start_attempt
 from launcher.agent.environment import worker_environment
 from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
 from launcher.agent.reporting import NodeReporter
-from launcher.agent.restart import announce_restart, stop_failed
+from launcher.agent.restart import RestartTally, announce_restart, restarts_note, stop_failed
 from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, signal_message
 from launcher.agent.watchdog import Watchdog
@@ -74,6 +74,7 @@ class Agent:
         self.node = plan.node
         self._handler = handler
         self._restart_count = 0
+        self._tally = RestartTally()  # _restart_count by kind: in-place recoveries, full restarts
         self._group: WorkerGroup | None = None
         self._result_dir: str | None = None
         self._events: EventBus | None = None
@@ -89,6 +90,16 @@ class Agent:
         self._recovery: InPlaceRecovery | None = None  # the workers' control channel (launcher.recovery)
         #: The group an in-place recovery keeps for the next round (launcher.agent.attempt).
         self._kept: WorkerGroup | None = None
+
+    @property
+    def recoveries_in_place(self) -> int:
+        """Restarts so far that were in-place recoveries (live workers kept; docs/recovery.md)."""
+        return self._tally.in_place
+
+    @property
+    def full_restarts(self) -> int:
+        """Restarts so far that stopped and started every worker (with recoveries_in_place: _restart_count)."""
+        return self._tally.full
 
     def _emit(self, event_type: str, **data: Any) -> None:
         if self._events is not None:
@@ -247,6 +258,7 @@ class Agent:
                     log.warning("node(s) %s left the job: the last restart is not counted", left)
                     remaining_restarts += 1
                     self._restart_count -= 1
+                    self._tally.refund()
                 elif left:
                     # Said on every node: one that re-formed only because its peers did (their
                     # stop broke its workers' collectives) has not named the departed nodes yet.
@@ -294,7 +306,10 @@ class Agent:
                 if unfinished is not None:  # the job cannot finish any more (see launcher.agent.barrier)
                     self._emit("job_failed", reason=unfinished.message or "the job failed on another node")
                     return unfinished
-                self._emit("job_succeeded", restart_count=self._restart_count)
+                if self._restart_count:
+                    log.warning("job succeeded on this node; %s", restarts_note(self._tally, plan.max_restarts))
+                self._emit("job_succeeded", restart_count=self._restart_count,
+                           in_place_recoveries=self.recoveries_in_place)
                 return AgentResult(exit_code=0, return_values=values)
             if outcome is WatchOutcome.MEMBERSHIP:
                 kept = self._recover_in_place(group, [], info, handler, None)
@@ -330,6 +345,7 @@ class Agent:
                 if kept is not None:
                     remaining_restarts -= 1
                     self._restart_count += 1
+                    self._tally.charge(in_place=True)
                     charged = True
                     self._recovery.record(group, self._restart_count, remaining_restarts, plan.max_restarts, hang)
                     pending = (info, kept[0], kept[1]) if multi else None
@@ -355,12 +371,14 @@ class Agent:
             if remaining_restarts > 0:
                 remaining_restarts -= 1
                 self._restart_count += 1
+                self._tally.charge(in_place=False)
                 charged = True
                 announce_restart(failures, hang, self._restart_count, remaining_restarts, plan.max_restarts, self._emit,
                                  self._recovery.fallback if self._recovery is not None else None)
                 continue
+            note = restarts_note(self._tally, plan.max_restarts)
             result = report.job_failed(info, handler, failures, ranks, closer=True, hang=hang,
-                                       oom_watch=self._oom_watch)
+                                       oom_watch=self._oom_watch, notes=[note] if note else [])
             self._emit("job_failed", reason="hang" if hang is not None else "worker failure", failures=len(failures))
             return result
 

@@ -21,7 +21,39 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("launcher.agent")
 
-__all__ = ["announce_restart", "stop_failed"]
+__all__ = ["RestartTally", "announce_restart", "restarts_note", "stop_failed"]
+
+
+class RestartTally:
+    """The restarts this node used, by kind: in-place recoveries (the live workers kept their
+    process, :mod:`launcher.recovery`) and full restarts (every worker started again). Each uses
+    one of ``--max-restarts`` and advances ``TORCHELASTIC_RESTART_COUNT``."""
+
+    def __init__(self) -> None:
+        self.in_place = 0
+        self.full = 0
+        self._charged: list[bool] = []  # each charge's kind (True: in place), for refund()
+
+    def charge(self, *, in_place: bool) -> None:
+        """One more restart of that kind."""
+        self._charged.append(in_place)
+        if in_place:
+            self.in_place += 1
+        else:
+            self.full += 1
+
+    def refund(self) -> None:
+        """Take back the last charge (a node left: re-forming costs no restart)."""
+        if self._charged:
+            if self._charged.pop():
+                self.in_place -= 1
+            else:
+                self.full -= 1
+
+    def summary(self) -> str:
+        """``1 in-place recovery, 0 restarts``."""
+        return (f"{self.in_place} in-place recover{'y' if self.in_place == 1 else 'ies'}, "
+                f"{self.full} restart{'' if self.full == 1 else 's'}")
 
 
 def stop_failed(group: WorkerGroup, failed: list[WorkerSlot] | None, shutdown_timeout: float,
@@ -54,3 +86,11 @@ def announce_restart(failures: list[WorkerFailure], hang: HangReport | None, cou
     extra = {"fallback": fallback} if fallback else {}
     emit("group_restarted", count=count, reason=reason, cause="hang" if hang is not None else "failure",
          mode="restart", **extra)
+
+
+def restarts_note(tally: RestartTally, max_restarts: int) -> str | None:
+    """The line that ends a job's report: ``restarts used: 1 in-place recovery, 0 restarts (of
+    --max-restarts 2)``; ``None`` when the job could use none."""
+    if max_restarts <= 0:
+        return None
+    return f"restarts used: {tally.summary()} (of --max-restarts {max_restarts})"

@@ -130,6 +130,7 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
     },
     JOB_SUCCEEDED: {
         "restart_count": "restarts used",
+        "in_place_recoveries": "how many of them were in-place recoveries (docs/recovery.md)",
     },
     JOB_FAILED: {
         "reason": "one line: why the job failed on this node",

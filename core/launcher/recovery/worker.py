@@ -36,16 +36,21 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from launcher.recovery import own_token, socket_address
+from launcher.recovery import own_token, release, socket_address
 
 __all__ = ["RecoveryInterrupt", "recoverable"]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Seconds without progress (same frame, same instruction) after which a main thread told to leave
+#: is taken as blocked in C, and its function's connections are shut down (launcher.recovery.release).
+STUCK_AFTER = 1.0
 
 
 class RecoveryInterrupt(BaseException):  # noqa: N818 - raised into the function, like KeyboardInterrupt
@@ -109,6 +114,10 @@ class _Channel:
         self._inside = False
         self._interrupted = False
         self._main = threading.main_thread().ident
+        #: Counts the calls of the function (a release watch ends with its call).
+        self._call = 0
+        #: The sockets open when the function was last called: never shut down by a release.
+        self._sockets_before: frozenset[str] = frozenset()
         self.send({"op": "register"})
         reply = self._read()
         self.accepted = reply is not None and reply.get("op") == "ok"
@@ -153,11 +162,37 @@ class _Channel:
                 self._interrupted = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._main),
                                                            ctypes.py_object(RecoveryInterrupt))
+                threading.Thread(target=self._release_when_stuck, args=(self._call,),
+                                 name="launcher-recovery-release", daemon=True).start()
+
+    def _release_when_stuck(self, call: int) -> None:
+        """While the main thread has not left call ``call`` of the function: whenever it made no
+        progress for :data:`STUCK_AFTER` seconds (blocked in C: a gloo collective that the abort did
+        not end), shut down the connections opened inside the function (launcher.recovery.release)."""
+        last = release.position(self._main)
+        released_at = None
+        while True:
+            time.sleep(STUCK_AFTER)
+            with self._cond:
+                if not self._inside or self._call != call:
+                    return
+                before = self._sockets_before
+            now = release.position(self._main)
+            if now is not None and now == last and now != released_at:
+                released_at = now
+                count = release.shutdown_new_connections(before)
+                if count:
+                    sys.stderr.write(f"launcher: recoverable: the main thread was blocked for {STUCK_AFTER:g}s after "
+                                     f"the process groups were aborted; shut down {count} connection(s) it opened\n")
+            last = now
 
     def enter(self) -> None:
+        sockets = release.socket_inodes()
         with self._cond:
             self._inside = True
             self._interrupted = False
+            self._call += 1
+            self._sockets_before = sockets
 
     def leave(self) -> None:
         """The main thread left the function: a pending interrupt must not fire outside it."""
@@ -216,7 +251,11 @@ def _connect() -> _Channel | None:
 
 def _forget_in_child() -> None:
     global _channel, _channel_checked
-    _channel, _channel_checked = None, True  # a forked child never recovers on its own
+    if _channel_checked:  # a child of a process that looked (a worker's data loader): never on its own
+        _channel, _channel_checked = None, True
+    # Else the parent never looked: the agent itself, whose Python API forks function workers
+    # (start_method="fork") after importing the wrapped function. The child looks for itself,
+    # and the agent accepts it only if it is the worker it started (SO_PEERCRED).
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
