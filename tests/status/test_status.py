@@ -33,7 +33,8 @@ def status_json(target: str | Path, until: Callable[[dict[str, Any]], bool], wha
 
 @pytest.mark.timeout(120)
 def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
-    job = start_job()
+    # With straggler detection, whose per-rank page carries heartbeat(step): the step rates.
+    job = start_job(["--straggler-detection"])
     pids = job.pids()
     # By the log directory: the header and one row per rank, with its pid and state.
     text = wait_for(lambda: (r := status(job.log_dir)).returncode == 0 and r.stdout, "a status")
@@ -46,7 +47,8 @@ def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
         assert rows[rank][3:5] == [str(pid), "running"], text
     # By the agent's pid, as JSON: the documented schema, and the live figures filled in once the
     # agent published twice (the line rate needs two counts).
-    doc = status_json(str(job.process.pid), lambda d: all(r["lines_per_s"] for r in d["ranks"]), "line rates")
+    doc = status_json(str(job.process.pid), lambda d: all(r["lines_per_s"] and r["steps_per_s"] for r in d["ranks"]),
+                      "line and step rates")
     assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
     assert doc["job"]["world_size"] == 2 and doc["job"]["nodes"] == 1, doc
     states = [(r["rank"], r["pid"], r["state"]) for r in doc["ranks"]]
@@ -55,6 +57,15 @@ def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
         assert rank["rss_bytes"] > 1 << 20 and rank["cpu_percent"] is not None, doc
         assert rank["heartbeat_age_s"] is not None and rank["heartbeat_age_s"] < 60, doc
         assert rank["lines_per_s"] > 0, doc
+        # WORKER beats once a step, every 0.05 s: well above 1 a second even on a loaded machine.
+        assert rank["steps_per_s"] > 1 and rank["step"] > 1, doc
+        assert rank["gpu"] is None and rank["gpu_util_percent"] is None, doc  # no NVML here: none made up
+    assert doc["job"]["straggler_detection"] is True and doc["job"]["slow_ranks"] == [], doc
+    text = status(job.log_dir).stdout
+    assert text.splitlines()[1].split()[6:8] == ["HEARTBEAT", "STEPS/S"], text
+    # Each row: ... HEARTBEAT ("0.1s ago") then STEPS/S, a rate once the agent has counted twice.
+    rates = [line.split(" ago", 1)[1].split()[0] for line in text.splitlines()[2:]]
+    assert len(rates) == 2 and all(rate == "-" or float(rate) > 0 for rate in rates), text
     assert doc["nodes"][0]["agent_pid"] == job.process.pid and doc["nodes"][0]["local"] is True, doc
     code, stderr = job.finish()
     assert code == 0, stderr

@@ -267,7 +267,8 @@ class Agent:
             )
             from launcher.status.publisher import StatusPublisher
 
-            self._status = (self._status or StatusPublisher(plan, self._hangs)).attach(group, info, self._restart_count)
+            self._status = self._status or StatusPublisher(plan, self._hangs, stragglers=self._stragglers)
+            self._status.attach(group, info, self._restart_count)
 
             arm_death_notice(handler, watchdog)
             outcome, failed = self._watch(group, handler, info)

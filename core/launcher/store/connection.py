@@ -21,8 +21,8 @@ from launcher.store.admission import (
     AUTH_HELLO,
     AUTH_PROOF,
     NONCE_LEN,
-    READER_HELLO,
     PROOF_LEN,
+    READER_HELLO,
     client_proof,
     new_nonce,
     proofs_match,
@@ -166,7 +166,7 @@ def open_connection(
                 # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
                 sock.close()
                 refused, last_error = False, exc
-        if refused and not told and refused_deadline is not deadline:
+        if refused and not told and refused_deadline is not deadline and refused_timeout:  # 0: no retrying
             told = True
             log.info(
                 "the store at %s does not admit this host now (it closes our connections at once: a running "

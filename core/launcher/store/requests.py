@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Final
 from launcher.store.admission import (
     AUTH_HELLO,
     AUTH_PROOF,
-    READER_HELLO,
     NONCE_LEN,
     PROOF_LEN,
+    READER_HELLO,
     client_proof,
     new_nonce,
     proofs_match,
