@@ -13,6 +13,7 @@ def record(**changes: Any) -> dict[str, Any]:
     rank = {"rank": 0, "local_rank": 0, "pid": 4242, "state": "running", "exit_code": None, "restarts": 1,
             "heartbeat_age_s": 1.5, "lines_per_s": 2.5, "cpu_percent": 99.5, "rss_bytes": 12_345_678_901}
     doc = {"run_id": 'job"1\\x\n', "node": "10.0.0.1_77_0", "round": 3, "restarts_used": 1, "restarts_left": 2,
+           "recoveries_in_place": 1,
            "updated_at": 1000.0, "ranks": [rank, {**rank, "rank": 1, "local_rank": 1, "pid": 4243, "state": "hung",
                                                   "heartbeat_age_s": None, "cpu_percent": None}]}
     doc.update(changes)
@@ -24,6 +25,7 @@ def test_metrics_escape_labels_keep_every_digit_and_age_heartbeats_to_the_scrape
     labels = 'job="job\\"1\\\\x\\n",node="10.0.0.1_77_0"'
     assert f"launcher_workers_alive{{{labels}}} 2" in text.splitlines()
     assert f"launcher_hangs_total{{{labels}}} 2" in text.splitlines()
+    assert f"launcher_recoveries_in_place_total{{{labels}}} 1" in text.splitlines()
     assert f'launcher_rank_resident_bytes{{{labels},rank="0",local_rank="0"}} 12345678901' in text.splitlines()
     # Read 3 s after the record was written: the age has grown by as much.
     assert f'launcher_rank_heartbeat_age_seconds{{{labels},rank="0",local_rank="0"}} 4.5' in text.splitlines()
@@ -33,7 +35,7 @@ def test_metrics_escape_labels_keep_every_digit_and_age_heartbeats_to_the_scrape
     # Every sample line is `name{labels} number`, every family has HELP and TYPE.
     for line in text.splitlines():
         assert line.startswith("# ") or re.fullmatch(r"[a-z_]+\{.*\} -?[0-9.e+]+", line), line
-    assert text.count("# TYPE ") == text.count("# HELP ") == 15
+    assert text.count("# TYPE ") == text.count("# HELP ") == 16
     # Straggler detection off: no straggler count, no per-rank flag (a made-up 0 would say "none").
     assert "launcher_stragglers{" not in text and "launcher_rank_slow{" not in text
     slow = metrics(record(straggler_detection=True, slow_ranks=[1]), hangs_seen=0, now=1003.0).splitlines()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LAUNCHER, launcher_env
-from tests.status.jobs import status, wait_for
+from tests.status.jobs import Job, status, wait_for
 from tests.status.schema_check import errors, schema_from_doc
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "status.md"
@@ -77,10 +77,47 @@ def test_a_restart_changes_the_restart_count_and_the_pids(start_job):
     pids = job.pids(attempt=1)
     doc = status_json(job.log_dir, lambda d: d["job"]["restarts_used"] == 1, "the restart in the status")
     assert doc["job"]["restarts_left"] == 1 and doc["job"]["max_restarts"] == 2, doc
+    assert doc["job"]["recoveries_in_place"] == 0, doc  # a worker that exits: a full restart
     assert {r["rank"]: (r["pid"], r["restarts"], r["state"]) for r in doc["ranks"]} == {
         0: (pids[0], 1, "running"), 1: (pids[1], 1, "running")}, doc
     assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
     code, stderr = job.finish()
+    assert code == 0, stderr
+
+
+# Rank 1 raises in its first attempt inside launcher.recoverable: the group recovers in place
+# (rank 0's process is kept, rank 1's replaced), which uses a restart.
+IN_PLACE_WORKER = """
+import os, sys, time
+import launcher
+
+go = sys.argv[2]
+
+def work():
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+        time.sleep(0.5)
+        raise ValueError("boom")
+    end = time.monotonic() + 90
+    while not os.path.exists(go) and time.monotonic() < end:
+        launcher.heartbeat()
+        time.sleep(0.05)
+
+launcher.recoverable(work)()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_in_place_recovery_is_told_from_a_full_restart(write_script, tmp_path):
+    job = Job(write_script("in_place.py", IN_PLACE_WORKER), tmp_path, ["--max-restarts", "2"], {})
+    try:
+        doc = status_json(job.log_dir, lambda d: d["job"]["restarts_used"] == 1 and all(
+            r["state"] == "running" for r in d["ranks"]), "the recovery in the status")
+        assert doc["job"]["recoveries_in_place"] == 1 and doc["job"]["restarts_left"] == 1, doc
+        assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
+        header = status(job.log_dir).stdout.splitlines()[0]
+        assert "restarts 1 used (1 in place) / 1 left" in header, header
+    finally:
+        code, stderr = job.finish()
     assert code == 0, stderr
 
 

@@ -73,6 +73,7 @@ class StatusPublisher:
         self._group: WorkerGroup | None = None
         self._info: RendezvousInfo | None = None
         self._restarts = (0, plan.max_restarts)
+        self._in_place = 0
         self._cpu = CpuMeter()
         self._gpus = gpus or GpuSampler()
         self._lines: dict[int, tuple[int, float]] = {}  # local rank -> (lines so far, when)
@@ -89,15 +90,18 @@ class StatusPublisher:
         self._metrics: MetricsServer | None = None
         self._metrics_port: int | None = None
 
-    def attach(self, group: WorkerGroup, info: RendezvousInfo, restarts_used: int) -> StatusPublisher:
+    def attach(self, group: WorkerGroup, info: RendezvousInfo, restarts_used: int,
+               recoveries_in_place: int = 0) -> StatusPublisher:
         """The workers of a new round run: publish them now, then every interval; ``self``.
 
         ``restarts_used``: the restarts that followed a failure (re-forming after a node left
-        uses none, and a refunded one is taken back), so ``max_restarts - restarts_used`` are left.
+        uses none, and a refunded one is taken back), so ``max_restarts - restarts_used`` are left;
+        ``recoveries_in_place``: how many of them kept the surviving workers (launcher.recovery).
         """
         with self._lock:
             self._group, self._info = group, info
             self._restarts = (restarts_used, max(0, self._plan.max_restarts - restarts_used))
+            self._in_place = recoveries_in_place
             self._lines, self._steps = {}, {}
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="launcher-status", daemon=True)
@@ -170,6 +174,7 @@ class StatusPublisher:
         with self._lock:
             group, info = self._group, self._info
             used, left = self._restarts
+            in_place = self._in_place
         if group is None or info is None:
             return None
         plan = self._plan
@@ -221,6 +226,7 @@ class StatusPublisher:
             "round": info.round,
             "restarts_used": used,
             "restarts_left": left,
+            "recoveries_in_place": in_place,
             "max_restarts": plan.max_restarts,
             "hang_detection": self._hangs is not None,
             "straggler_detection": self._stragglers is not None,

@@ -32,6 +32,11 @@ def _elapsed(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+def _in_place(job: dict[str, Any]) -> str:
+    count = int(job.get("recoveries_in_place") or 0)
+    return f" ({count} in place)" if count else ""
+
+
 def render(status: dict[str, Any]) -> str:
     """The text ``launcher status`` prints for one ``--json`` document."""
     job = status["job"]
@@ -39,7 +44,8 @@ def render(status: dict[str, Any]) -> str:
     world = job["world_size"] if job["world_size"] is not None else f"{len(status['ranks'])}+"
     lines = [
         f"job {job['run_id']}: {found} of {job['nodes']} node(s), world size {world}, round {job['round']}, "
-        f"restarts {job['restarts_used']} used / {job['restarts_left']} left, elapsed {_elapsed(job['elapsed_s'])}"
+        f"restarts {job['restarts_used']} used{_in_place(job)} / {job['restarts_left']} left, "
+        f"elapsed {_elapsed(job['elapsed_s'])}"
     ]
     if job["hung_ranks"]:
         lines.append(f"hung ranks: {', '.join(map(str, job['hung_ranks']))}")

@@ -200,6 +200,8 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
             # node joined, used none. The job has used what its most charged node used.
             "restarts_used": max(int(doc["restarts_used"]) for doc in records),
             "restarts_left": min(int(doc["restarts_left"]) for doc in records),
+            # Of the restarts used, those that kept the surviving workers (launcher.recovery).
+            "recoveries_in_place": max(int(doc.get("recoveries_in_place", 0)) for doc in records),
             "max_restarts": first["max_restarts"],
             "elapsed_s": round(max(0.0, now - started), 3),
             "hung_ranks": [r["rank"] for r in ranks if r["state"] == "hung"],
