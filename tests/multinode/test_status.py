@@ -125,6 +125,9 @@ def test_status_on_either_node_lists_both_nodes_and_follows_a_restart(make_netwo
     wrong = status_through_rendezvous(net[2], rendezvous, {"LAUNCHER_RDZV_SECRET": "not-the-job-secret-at-all"})
     assert wrong.returncode == 1 and wrong.stdout == "" and len(wrong.stderr.splitlines()) == 1, wrong
     assert "refuses this client" in wrong.stderr and "secret" in wrong.stderr, wrong
+    other = status_through_rendezvous(net[2], [*rendezvous[:-1], "no-such-job", "--rdzv-conf", f"secret_file={secret}"])
+    assert other.returncode == 1 and len(other.stderr.splitlines()) == 1, other
+    assert "no job 'no-such-job' at this rendezvous" in other.stderr, other
     none = status_through_rendezvous(net[2], rendezvous)
     assert none.returncode == 1 and len(none.stderr.splitlines()) == 1, none
     assert "does not admit this host" in none.stderr, none

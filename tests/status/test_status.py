@@ -156,6 +156,14 @@ def test_bad_targets_and_flags_are_one_line_each(tmp_path):
         (str(tmp_path), "--bogus"): (2, "unknown argument '--bogus'"),
         (str(tmp_path), "--interval", "soon"): (2, "--interval"),
         (): (2, "usage: launcher status"),
+        # Through the rendezvous: each refused before connecting anywhere.
+        ("--rdzv-endpoint", "127.0.0.1:9"): (2, "--rdzv-id (or PET_RDZV_ID) is needed"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", "--rdzv-backend", "static"):
+            (2, "the static rendezvous backend cannot be read from outside the job"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", "--rdzv-conf", "junk"): (2, "'junk' is not KEY=VALUE"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", "--rdzv-conf", f"secret_file={tmp_path / 'none'}"):
+            (2, "cannot read it"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", str(tmp_path)): (2, "takes no PID or LOGDIR"),
     }
     for args, (code, words) in cases.items():
         result = subprocess.run([*LAUNCHER, "status", *args], env=launcher_env(), capture_output=True, text=True,
