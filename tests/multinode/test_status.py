@@ -143,6 +143,11 @@ def test_status_on_either_node_lists_both_nodes_and_follows_a_restart(make_netwo
         assert [r["restarts"] for r in doc["ranks"]] == [0, 0, 1, 1], doc
         old = {r["pid"] for r in before[i]["ranks"]}
         assert not old & {r["pid"] for r in doc["ranks"]}, doc
+    # Through the rendezvous too: the new round's records (read from its agent keys), new pids.
+    after = wait_until(lambda: (d := remote()) and d["job"]["round"] == doc["job"]["round"] and d, 60,
+                       "the new round through the rendezvous", interval=0.5, on_timeout=detail)
+    assert after["job"]["restarts_used"] == 1 and [r["restarts"] for r in after["ranks"]] == [0, 0, 1, 1], after
+    assert {r["pid"] for r in after["ranks"]} == {r["pid"] for r in doc["ranks"]}, after
     # The reader never joined: both nodes still form the job, which restarted once and no more.
     go.touch()
     wait_all(agents, 60)
