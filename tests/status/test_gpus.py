@@ -59,7 +59,7 @@ def test_without_nvml_every_sample_is_empty_and_nvml_is_not_asked_again():
 
     sampler = GpuSampler(missing)
     assert sampler.sample({1: [1]}) == {} and sampler.sample({1: [1]}) == {}
-    assert loads == [1] and not sampler.available
+    assert loads == [1] and not sampler.available and not sampler.usable
     no_driver = RecordedNvml(NO_DRIVER)
     sampler = GpuSampler(lambda: no_driver)
     assert sampler.sample({1: [1]}) == {} and sampler.sample({1: [1]}) == {}

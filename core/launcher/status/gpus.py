@@ -67,6 +67,12 @@ class GpuSampler:
         return nvml
 
     @property
+    def usable(self) -> bool:
+        """Whether a sample may find anything (``False`` once NVML failed to open, or was closed):
+        the caller then need not even list the workers' processes."""
+        return not self._failed
+
+    @property
     def available(self) -> bool:
         """Whether NVML answered (after the first :meth:`sample`)."""
         return self._nvml is not None

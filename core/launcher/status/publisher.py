@@ -190,7 +190,9 @@ class StatusPublisher:
         slots = list(group.slots)
         pids = [s.process.pid for s in slots if s.process is not None and s.process.returncode is None]
         usage = self._cpu.measure(pids)
-        gpus = self._gpus.sample({pid: [pid, *children(pid)] for pid in pids}) if ended is None else {}
+        gpus = {}
+        if ended is None and self._gpus.usable:  # a node without NVML lists no process trees
+            gpus = self._gpus.sample({pid: [pid, *children(pid)] for pid in pids})
         now = time.monotonic()
         ranks = []
         for slot in slots:
