@@ -20,7 +20,8 @@ from xdist.scheduler import LoadScopeScheduling
 #: Node-id prefixes of the tests that may run beside any other test: those in network namespaces
 #: of their own, and those whose every job is ``--standalone`` (a free port of its own, private
 #: temporary directories and a control socket named after the job's own token).
-NAMESPACED = ("tests/multinode/", "tests/store/test_admission.py::", "tests/recovery/", "tests/stragglers/")
+NAMESPACED = ("tests/multinode/", "tests/store/test_admission.py::", "tests/recovery/", "tests/stragglers/",
+              "tests/status/test_slow_ranks.py::")
 #: The scope of every other test.
 ROOT_NAMESPACE = "root-namespace"
 

@@ -24,8 +24,10 @@ if os.environ.get("FAIL_FIRST") and attempt == 0 and os.environ["RANK"] == "1":
 with open(f"{ready}.{attempt}.{os.environ['RANK']}", "w") as handle:
     handle.write(str(os.getpid()))
 end = time.monotonic() + 90
+step = 0
 while not os.path.exists(go) and time.monotonic() < end:
-    launcher.heartbeat()
+    step += 1
+    launcher.heartbeat(step)
     print("step", flush=True)
     time.sleep(0.05)
 """

@@ -13,6 +13,7 @@ def record(**changes: Any) -> dict[str, Any]:
     rank = {"rank": 0, "local_rank": 0, "pid": 4242, "state": "running", "exit_code": None, "restarts": 1,
             "heartbeat_age_s": 1.5, "lines_per_s": 2.5, "cpu_percent": 99.5, "rss_bytes": 12_345_678_901}
     doc = {"run_id": 'job"1\\x\n', "node": "10.0.0.1_77_0", "round": 3, "restarts_used": 1, "restarts_left": 2,
+           "recoveries_in_place": 1,
            "updated_at": 1000.0, "ranks": [rank, {**rank, "rank": 1, "local_rank": 1, "pid": 4243, "state": "hung",
                                                   "heartbeat_age_s": None, "cpu_percent": None}]}
     doc.update(changes)
@@ -24,6 +25,7 @@ def test_metrics_escape_labels_keep_every_digit_and_age_heartbeats_to_the_scrape
     labels = 'job="job\\"1\\\\x\\n",node="10.0.0.1_77_0"'
     assert f"launcher_workers_alive{{{labels}}} 2" in text.splitlines()
     assert f"launcher_hangs_total{{{labels}}} 2" in text.splitlines()
+    assert f"launcher_recoveries_in_place_total{{{labels}}} 1" in text.splitlines()
     assert f'launcher_rank_resident_bytes{{{labels},rank="0",local_rank="0"}} 12345678901' in text.splitlines()
     # Read 3 s after the record was written: the age has grown by as much.
     assert f'launcher_rank_heartbeat_age_seconds{{{labels},rank="0",local_rank="0"}} 4.5' in text.splitlines()
@@ -33,25 +35,37 @@ def test_metrics_escape_labels_keep_every_digit_and_age_heartbeats_to_the_scrape
     # Every sample line is `name{labels} number`, every family has HELP and TYPE.
     for line in text.splitlines():
         assert line.startswith("# ") or re.fullmatch(r"[a-z_]+\{.*\} -?[0-9.e+]+", line), line
-    assert text.count("# TYPE ") == text.count("# HELP ") == 11
+    assert text.count("# TYPE ") == text.count("# HELP ") == 16
+    # Straggler detection off: no straggler count, no per-rank flag (a made-up 0 would say "none").
+    assert "launcher_stragglers{" not in text and "launcher_rank_slow{" not in text
+    slow = metrics(record(straggler_detection=True, slow_ranks=[1]), hangs_seen=0, now=1003.0).splitlines()
+    assert f"launcher_stragglers{{{labels}}} 1" in slow
+    assert f'launcher_rank_slow{{{labels},rank="0",local_rank="0"}} 0' in slow
+    assert f'launcher_rank_slow{{{labels},rank="1",local_rank="1"}} 1' in slow
+    steps = metrics(record(ranks=[{**record()["ranks"][0], "steps_per_s": 12.5}]), hangs_seen=0).splitlines()
+    assert f'launcher_rank_steps_per_second{{{labels},rank="0",local_rank="0"}} 12.5' in steps
     assert metrics(None, 0) == ""
 
 
 def test_the_table_names_missing_nodes_and_failed_ranks():
     status = {
         "job": {"run_id": "j", "nodes": 3, "world_size": None, "round": 2, "restarts_used": 1, "restarts_left": 0,
-                "elapsed_s": 3725.0, "hung_ranks": [], "failed_ranks": [1]},
+                "elapsed_s": 3725.0, "hung_ranks": [], "failed_ranks": [1], "slow_ranks": [0]},
         "nodes": [{"node": "a"}], "missing_nodes": [1, 2], "store_problem": "cannot reach the job's store",
         "ranks": [{"node": "a", "rank": 0, "local_rank": 0, "pid": 9, "state": "running", "exit_code": None,
-                   "restarts": 1, "heartbeat_age_s": None, "lines_per_s": None, "cpu_percent": 1.0,
-                   "rss_bytes": 3 << 20},
+                   "restarts": 1, "heartbeat_age_s": None, "steps_per_s": 3.5, "lines_per_s": None,
+                   "cpu_percent": 1.0, "rss_bytes": 3 << 20, "gpu": 1, "gpu_util_percent": 87,
+                   "gpu_memory_bytes": 2 << 30},
                   {"node": "a", "rank": 1, "local_rank": 1, "pid": 10, "state": "failed", "exit_code": 3,
                    "restarts": 1, "heartbeat_age_s": None, "lines_per_s": None, "cpu_percent": None,
                    "rss_bytes": None}],
     }
     lines = table(status).splitlines()
     assert lines[0] == "job j: 1 of 3 node(s), world size 2+, round 2, restarts 1 used / 0 left, elapsed 1:02:05"
-    assert lines[1] == "failed ranks: 1"
-    assert lines[2] == "no status yet from the node(s) with group rank 1, 2 (cannot reach the job's store)"
-    assert lines[4].split() == ["a", "0", "0", "9", "running", "1", "-", "-", "1", "3.0", "MiB"]
-    assert lines[5].split() == ["a", "1", "1", "10", "failed", "(3)", "1", "-", "-", "-", "-"]
+    assert lines[1] == "slow ranks (stragglers): 0"
+    assert lines[2] == "failed ranks: 1"
+    assert lines[3] == "no status yet from the node(s) with group rank 1, 2 (cannot reach the job's store)"
+    assert lines[4].split()[6:8] == ["HEARTBEAT", "STEPS/S"], lines[4]
+    assert lines[5].split() == ["a", "0", "0", "9", "running", "1", "-", "3.5", "-", "1", "3.0", "MiB", "1",
+                                 "87", "2.0", "GiB"]
+    assert lines[6].split() == ["a", "1", "1", "10", "failed", "(3)", "1", "-", "-", "-", "-", "-", "-", "-", "-"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LAUNCHER, launcher_env
-from tests.status.jobs import status, wait_for
+from tests.status.jobs import Job, status, wait_for
 from tests.status.schema_check import errors, schema_from_doc
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "status.md"
@@ -33,7 +33,8 @@ def status_json(target: str | Path, until: Callable[[dict[str, Any]], bool], wha
 
 @pytest.mark.timeout(120)
 def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
-    job = start_job()
+    # With straggler detection, whose per-rank page carries heartbeat(step): the step rates.
+    job = start_job(["--straggler-detection"])
     pids = job.pids()
     # By the log directory: the header and one row per rank, with its pid and state.
     text = wait_for(lambda: (r := status(job.log_dir)).returncode == 0 and r.stdout, "a status")
@@ -46,7 +47,8 @@ def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
         assert rows[rank][3:5] == [str(pid), "running"], text
     # By the agent's pid, as JSON: the documented schema, and the live figures filled in once the
     # agent published twice (the line rate needs two counts).
-    doc = status_json(str(job.process.pid), lambda d: all(r["lines_per_s"] for r in d["ranks"]), "line rates")
+    doc = status_json(str(job.process.pid), lambda d: all(r["lines_per_s"] and r["steps_per_s"] for r in d["ranks"]),
+                      "line and step rates")
     assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
     assert doc["job"]["world_size"] == 2 and doc["job"]["nodes"] == 1, doc
     states = [(r["rank"], r["pid"], r["state"]) for r in doc["ranks"]]
@@ -55,6 +57,15 @@ def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
         assert rank["rss_bytes"] > 1 << 20 and rank["cpu_percent"] is not None, doc
         assert rank["heartbeat_age_s"] is not None and rank["heartbeat_age_s"] < 60, doc
         assert rank["lines_per_s"] > 0, doc
+        # WORKER beats once a step, every 0.05 s: well above 1 a second even on a loaded machine.
+        assert rank["steps_per_s"] > 1 and rank["step"] > 1, doc
+        assert rank["gpu"] is None and rank["gpu_util_percent"] is None, doc  # no NVML here: none made up
+    assert doc["job"]["straggler_detection"] is True and doc["job"]["slow_ranks"] == [], doc
+    text = status(job.log_dir).stdout
+    assert text.splitlines()[1].split()[6:8] == ["HEARTBEAT", "STEPS/S"], text
+    # Each row: ... HEARTBEAT ("0.1s ago") then STEPS/S, a rate once the agent has counted twice.
+    rates = [line.split(" ago", 1)[1].split()[0] for line in text.splitlines()[2:]]
+    assert len(rates) == 2 and all(rate == "-" or float(rate) > 0 for rate in rates), text
     assert doc["nodes"][0]["agent_pid"] == job.process.pid and doc["nodes"][0]["local"] is True, doc
     code, stderr = job.finish()
     assert code == 0, stderr
@@ -66,10 +77,47 @@ def test_a_restart_changes_the_restart_count_and_the_pids(start_job):
     pids = job.pids(attempt=1)
     doc = status_json(job.log_dir, lambda d: d["job"]["restarts_used"] == 1, "the restart in the status")
     assert doc["job"]["restarts_left"] == 1 and doc["job"]["max_restarts"] == 2, doc
+    assert doc["job"]["recoveries_in_place"] == 0, doc  # a worker that exits: a full restart
     assert {r["rank"]: (r["pid"], r["restarts"], r["state"]) for r in doc["ranks"]} == {
         0: (pids[0], 1, "running"), 1: (pids[1], 1, "running")}, doc
     assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
     code, stderr = job.finish()
+    assert code == 0, stderr
+
+
+# Rank 1 raises in its first attempt inside launcher.recoverable: the group recovers in place
+# (rank 0's process is kept, rank 1's replaced), which uses a restart.
+IN_PLACE_WORKER = """
+import os, sys, time
+import launcher
+
+go = sys.argv[2]
+
+def work():
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+        time.sleep(0.5)
+        raise ValueError("boom")
+    end = time.monotonic() + 90
+    while not os.path.exists(go) and time.monotonic() < end:
+        launcher.heartbeat()
+        time.sleep(0.05)
+
+launcher.recoverable(work)()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_in_place_recovery_is_told_from_a_full_restart(write_script, tmp_path):
+    job = Job(write_script("in_place.py", IN_PLACE_WORKER), tmp_path, ["--max-restarts", "2"], {})
+    try:
+        doc = status_json(job.log_dir, lambda d: d["job"]["restarts_used"] == 1 and all(
+            r["state"] == "running" for r in d["ranks"]), "the recovery in the status")
+        assert doc["job"]["recoveries_in_place"] == 1 and doc["job"]["restarts_left"] == 1, doc
+        assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
+        header = status(job.log_dir).stdout.splitlines()[0]
+        assert "restarts 1 used (1 in place) / 1 left" in header, header
+    finally:
+        code, stderr = job.finish()
     assert code == 0, stderr
 
 
@@ -108,6 +156,14 @@ def test_bad_targets_and_flags_are_one_line_each(tmp_path):
         (str(tmp_path), "--bogus"): (2, "unknown argument '--bogus'"),
         (str(tmp_path), "--interval", "soon"): (2, "--interval"),
         (): (2, "usage: launcher status"),
+        # Through the rendezvous: each refused before connecting anywhere.
+        ("--rdzv-endpoint", "127.0.0.1:9"): (2, "--rdzv-id (or PET_RDZV_ID) is needed"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", "--rdzv-backend", "static"):
+            (2, "the static rendezvous backend cannot be read from outside the job"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", "--rdzv-conf", "junk"): (2, "'junk' is not KEY=VALUE"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", "--rdzv-conf", f"secret_file={tmp_path / 'none'}"):
+            (2, "cannot read it"),
+        ("--rdzv-endpoint", "127.0.0.1:9", "--rdzv-id", "j", str(tmp_path)): (2, "takes no PID or LOGDIR"),
     }
     for args, (code, words) in cases.items():
         result = subprocess.run([*LAUNCHER, "status", *args], env=launcher_env(), capture_output=True, text=True,

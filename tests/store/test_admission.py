@@ -137,6 +137,13 @@ for line in sys.stdin:
             import torch.distributed as dist
             wait = datetime.timedelta(seconds=float(timeout))
             store = dist.TCPStore(host, int(port), is_master=False, timeout=wait)
+        elif kind == "reader":  # launcher status: reads only, and says so
+            from launcher.store.client import TCPStoreClient
+            store = TCPStoreClient(host, int(port), timeout=float(timeout), refused_timeout=0.0, reader=True,
+                                   secret=secret.encode() if secret != "-" else None)
+            store.check([key])
+            print("ok", flush=True)
+            continue
         else:
             from launcher.store.client import TCPStoreClient
             store = TCPStoreClient(host, int(port), timeout=float(timeout),
@@ -299,6 +306,25 @@ def test_joiners_need_the_secret_and_members_keep_access_once_restricted(hosts: 
         assert store.ask("knocks") == "-"
     finally:
         store.close()
+
+
+def test_a_refused_reader_is_not_taken_for_an_agent_waiting_to_join(hosts: Network) -> None:
+    server_host, member, foreigner = hosts[0], hosts[1], hosts[2]
+    store = NamespaceStore(server_host, "", None)
+    try:
+        assert store.ask(f"restrict {member.addr}") == "ok"
+        assert use(member, store, "reader", "r") == "ok"  # admitted by address: reads
+        # Refused (the round is closed, no secret), and not counted: a job with room for more
+        # nodes would otherwise start a new round for it.
+        refused = use(foreigner, store, "reader", "r", timeout=REFUSED_AFTER)
+        assert refused.startswith("refused") and "does not admit this host" in refused, refused
+        assert store.ask("knocks") == "-"
+        # The same host as a client that may join: counted.
+        assert use(foreigner, store, "ours", "joiner", timeout=REFUSED_AFTER).startswith("refused")
+        assert store.ask("knocks") == foreigner.addr
+    finally:
+        log = store.close()
+    assert f"store server refused the reader {foreigner.addr}" in log, log
 
 
 def test_join_networks_refuse_outsiders_even_with_the_secret(hosts: Network) -> None:

@@ -66,6 +66,28 @@ class NvmlLibrary(Protocol):
     def remapped_rows(self, device: Any) -> tuple[int, tuple[bool, bool]]:
         """``(pending, failure occurred)`` of row remapping (Ampere and later)."""
         ...
+    def utilization(self, device: Any) -> tuple[int, tuple[int, int]]:
+        """``(GPU %, memory bandwidth %)`` over the driver's last sample period (``launcher status``)."""
+        ...
+    def processes(self, device: Any) -> tuple[int, list[tuple[int, int | None]]]:
+        """``(pid, GPU memory bytes or None)`` of each compute process on the device (``launcher status``)."""
+        ...
+
+
+class _Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _ProcessInfo(ctypes.Structure):
+    # nvmlProcessInfo_t of the _v2 and _v3 calls (nvml.h): pid, used memory, MIG instance ids.
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
+                ("computeInstanceId", ctypes.c_uint)]
+
+
+#: NVML_ERROR_INSUFFICIENT_SIZE: the process list grew between asking its length and reading it.
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+#: usedGpuMemory when the driver cannot say (NVML_VALUE_NOT_AVAILABLE, e.g. Windows WDDM).
+_VALUE_NOT_AVAILABLE = (1 << 64) - 1
 
 
 class CtypesNvml:
@@ -122,13 +144,38 @@ class CtypesNvml:
                           ctypes.byref(pending), ctypes.byref(failed))
         return code, (bool(pending.value), bool(failed.value))
 
+    def utilization(self, device: Any) -> tuple[int, tuple[int, int]]:
+        rates = _Utilization()
+        code = self._call("nvmlDeviceGetUtilizationRates", device, ctypes.byref(rates))
+        return code, (int(rates.gpu), int(rates.memory))
+
+    def processes(self, device: Any) -> tuple[int, list[tuple[int, int | None]]]:
+        code = NVML_ERROR_INSUFFICIENT_SIZE
+        for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
+            if not hasattr(self._lib, name):
+                continue
+            size = 64
+            for _ in range(3):  # more processes than room (or started meanwhile): ask with more
+                count = ctypes.c_uint(size)
+                infos = (_ProcessInfo * size)()
+                code = self._call(name, device, ctypes.byref(count), infos)
+                if code != NVML_ERROR_INSUFFICIENT_SIZE:
+                    break
+                size = max(size, int(count.value)) * 2
+            if code != NVML_SUCCESS:
+                return code, []
+            return code, [(int(info.pid), None if info.usedGpuMemory == _VALUE_NOT_AVAILABLE
+                           else int(info.usedGpuMemory)) for info in infos[: count.value]]
+        return 13, []  # function not found: a driver older than R450
+
 
 class RecordedNvml:
     """:class:`NvmlLibrary` replaying recorded answers (what ``record_nvml`` wrote on a machine).
 
     ``answers`` holds ``init`` (a return code), ``devices`` (a list, one mapping per device
     index, of call name to ``[code, value]``: ``handle``, ``uuid``, ``uncorrectable_ecc_errors``,
-    ``retired_pages_pending``, ``remapped_rows``) and optionally ``device_count`` (``[code,
+    ``retired_pages_pending``, ``remapped_rows``, and for ``launcher status`` ``utilization``
+    (``[gpu %, memory %]``) and ``processes`` (``[[pid, bytes], ...]``)) and optionally ``device_count`` (``[code,
     value]``; default: the number of devices listed). A call missing from a device's mapping
     answers "not supported".
     """
@@ -183,6 +230,14 @@ class RecordedNvml:
         pending, failed = value
         return code, (bool(pending), bool(failed))
 
+    def utilization(self, device: Any) -> tuple[int, tuple[int, int]]:
+        code, value = self._device_answer(device, "utilization", [0, 0])
+        return code, (int(value[0]), int(value[1]))
+
+    def processes(self, device: Any) -> tuple[int, list[tuple[int, int | None]]]:
+        code, value = self._device_answer(device, "processes", [])
+        return code, [(int(pid), None if used is None else int(used)) for pid, used in value]
+
 
 def record_nvml(nvml: NvmlLibrary) -> dict[str, Any]:
     """Every answer the ``gpu`` check would read from ``nvml``, in :class:`RecordedNvml`'s form
@@ -197,7 +252,8 @@ def record_nvml(nvml: NvmlLibrary) -> dict[str, Any]:
             hcode, device = nvml.handle(index)
             entry: dict[str, Any] = {"handle": [hcode, index]}
             if hcode == NVML_SUCCESS:
-                for call in ("uuid", "uncorrectable_ecc_errors", "retired_pages_pending", "remapped_rows"):
+                for call in ("uuid", "uncorrectable_ecc_errors", "retired_pages_pending", "remapped_rows",
+                             "utilization", "processes"):
                     entry[call] = list(getattr(nvml, call)(device))
             record["devices"].append(entry)
     finally:

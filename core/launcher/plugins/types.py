@@ -96,6 +96,11 @@ class RendezvousBackend(Registration):
     #: It must be cheap and must not connect anywhere. Without it, a store-only backend's values
     #: are checked as the core's rendezvous reads them.
     check_parameters: Callable[[RendezvousParameters], None] | None = field(default=None, kw_only=True)
+    #: Optional: a store that only reads the rendezvous's keys, for ``launcher status
+    #: --rdzv-endpoint`` from any host: with the job's credentials, it must not serve, join, take
+    #: a lease or write anything, and must fail with one line (a :class:`RendezvousError`) when
+    #: the store cannot be reached or refuses it. Without it, status through this backend is refused.
+    read_store: Callable[[RendezvousParameters], KeyValueStore] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -69,10 +69,17 @@ def render(doc: dict[str, Any] | None, hangs_seen: int, now: float | None = None
          [(node, sum(r["state"] in ("running", "hung") for r in ranks))]),
         ("launcher_restarts_total", "counter", "Restarts of the worker group this node used after a failure.",
          [(node, doc["restarts_used"])]),
+        ("launcher_recoveries_in_place_total", "counter",
+         "Of those restarts, the ones that recovered in place (survivors kept).",
+         [(node, doc.get("recoveries_in_place", 0))]),
         ("launcher_restarts_left", "gauge", "Restarts this node has left.", [(node, doc["restarts_left"])]),
         ("launcher_round", "gauge", "The rendezvous round the workers run in.", [(node, doc["round"])]),
         ("launcher_hangs_total", "counter", "Hangs this node's agent diagnosed.", [(node, hangs_seen)]),
     ]
+    slow = set(doc.get("slow_ranks", ()))
+    if doc.get("straggler_detection"):  # without detection "no straggler" would be a made-up 0
+        families.append(("launcher_stragglers", "gauge", "Ranks of the job straggler detection names slow now.",
+                         [(node, len(slow))]))
     per_rank: dict[str, tuple[str, str, Callable[[dict[str, Any]], float | None]]] = {
         "launcher_rank_up": ("gauge", "1 while the rank's worker runs.",
                              lambda r: float(r["state"] in ("running", "hung"))),
@@ -81,10 +88,18 @@ def render(doc: dict[str, Any] | None, hangs_seen: int, now: float | None = None
         "launcher_rank_heartbeat_age_seconds": ("gauge", "Seconds since the rank's last launcher.heartbeat().",
                                                 lambda r: None if r["heartbeat_age_s"] is None
                                                 else r["heartbeat_age_s"] + age),
+        "launcher_rank_steps_per_second": ("gauge", "launcher.heartbeat(step) calls per second "
+                                           "(with --straggler-detection).", lambda r: r.get("steps_per_s")),
+        "launcher_rank_slow": ("gauge", "1 while straggler detection names the rank slow.",
+                               lambda r: float(r["rank"] in slow) if doc.get("straggler_detection") else None),
         "launcher_rank_output_lines_per_second": ("gauge", "Output lines per second.", lambda r: r["lines_per_s"]),
         "launcher_rank_cpu_percent": ("gauge", "CPU % of the rank's worker process.", lambda r: r["cpu_percent"]),
         "launcher_rank_resident_bytes": ("gauge", "Resident memory of the rank's worker process.",
                                          lambda r: r["rss_bytes"]),
+        "launcher_rank_gpu_utilization_percent": ("gauge", "Utilisation of the rank's GPU (NVML, the device's).",
+                                                  lambda r: r.get("gpu_util_percent")),
+        "launcher_rank_gpu_memory_bytes": ("gauge", "GPU memory the rank's processes hold (NVML).",
+                                           lambda r: r.get("gpu_memory_bytes")),
     }
     for name, (kind, help_text, read) in per_rank.items():
         samples = []

@@ -90,3 +90,19 @@ def sample_cpu(pids: Iterable[int], seconds: float) -> dict[int, tuple[float | N
     meter.measure(pids)
     time.sleep(seconds)
     return meter.measure(pids)
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (of each of its threads), from ``/proc/PID/task/*/children``."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                found += [int(child) for child in handle.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found

@@ -25,8 +25,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from launcher.plugins.types import run_log_dir
-from launcher.status.procfs import CpuMeter, start_ticks, started_at
-from launcher.status.settings import PUBLISH_INTERVAL, SCHEMA_VERSION, STATUS_FILE, store_key
+from launcher.status.gpus import GpuSampler
+from launcher.status.procfs import CpuMeter, children, start_ticks, started_at
+from launcher.status.settings import (
+    PUBLISH_INTERVAL,
+    RENDEZVOUS_STATUS_KEY,
+    SCHEMA_VERSION,
+    STATUS_FILE,
+    store_key,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
@@ -35,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.rendezvous.api import RendezvousInfo
     from launcher.status.metrics import MetricsServer
     from launcher.store.client import TCPStoreClient
+    from launcher.stragglers.monitor import StragglerMonitor
 
 log = logging.getLogger("launcher.status")
 
@@ -52,9 +60,12 @@ def rank_state(returncode: int | None, hung: bool) -> str:
 class StatusPublisher:
     """Publishes this node's status (see the module docstring) until :meth:`close`."""
 
-    def __init__(self, plan: LaunchPlan, hangs: HangMonitor | None, *, interval: float = PUBLISH_INTERVAL) -> None:
+    def __init__(self, plan: LaunchPlan, hangs: HangMonitor | None, *, interval: float = PUBLISH_INTERVAL,
+                 stragglers: StragglerMonitor | None = None, gpus: GpuSampler | None = None) -> None:
         self._plan = plan
         self._hangs = hangs
+        # Detection off, the agent holds a monitor that does nothing and has no totals.
+        self._stragglers = stragglers if hasattr(stragglers, "totals") else None
         self._interval = interval
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -62,8 +73,11 @@ class StatusPublisher:
         self._group: WorkerGroup | None = None
         self._info: RendezvousInfo | None = None
         self._restarts = (0, plan.max_restarts)
+        self._in_place = 0
         self._cpu = CpuMeter()
+        self._gpus = gpus or GpuSampler()
         self._lines: dict[int, tuple[int, float]] = {}  # local rank -> (lines so far, when)
+        self._steps: dict[int, tuple[int, float]] = {}  # local rank -> (heartbeat(step) calls, when)
         self._store: TCPStoreClient | None = None
         self._store_address: tuple[str, int] | None = None
         self._path: str | None = None
@@ -76,16 +90,19 @@ class StatusPublisher:
         self._metrics: MetricsServer | None = None
         self._metrics_port: int | None = None
 
-    def attach(self, group: WorkerGroup, info: RendezvousInfo, restarts_used: int) -> StatusPublisher:
+    def attach(self, group: WorkerGroup, info: RendezvousInfo, restarts_used: int,
+               recoveries_in_place: int = 0) -> StatusPublisher:
         """The workers of a new round run: publish them now, then every interval; ``self``.
 
         ``restarts_used``: the restarts that followed a failure (re-forming after a node left
-        uses none, and a refunded one is taken back), so ``max_restarts - restarts_used`` are left.
+        uses none, and a refunded one is taken back), so ``max_restarts - restarts_used`` are left;
+        ``recoveries_in_place``: how many of them kept the surviving workers (launcher.recovery).
         """
         with self._lock:
             self._group, self._info = group, info
             self._restarts = (restarts_used, max(0, self._plan.max_restarts - restarts_used))
-            self._lines = {}
+            self._in_place = recoveries_in_place
+            self._lines, self._steps = {}, {}
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="launcher-status", daemon=True)
             self._thread.start()
@@ -109,6 +126,8 @@ class StatusPublisher:
                 self._write(doc)
         if self._metrics is not None:
             self._metrics.close()
+        with contextlib.suppress(Exception):
+            self._gpus.close()
         if self._dir_fd is not None:
             os.close(self._dir_fd)
             self._dir_fd = None
@@ -147,6 +166,7 @@ class StatusPublisher:
                     self._latest = doc
                     self._write(doc)
                     self._publish_to_store(doc)
+                    self._publish_to_rendezvous(doc)
             except Exception:  # never let the job's view take the job down
                 log.debug("cannot publish the status", exc_info=True)
 
@@ -154,6 +174,7 @@ class StatusPublisher:
         with self._lock:
             group, info = self._group, self._info
             used, left = self._restarts
+            in_place = self._in_place
         if group is None or info is None:
             return None
         plan = self._plan
@@ -165,9 +186,13 @@ class StatusPublisher:
                     ages[progress.local_rank] = None if progress.age is None else round(progress.age, 3)
                     if progress.hung:
                         hung.add(progress.local_rank)
+        steps = self._step_totals() if ended is None else {}
         slots = list(group.slots)
         pids = [s.process.pid for s in slots if s.process is not None and s.process.returncode is None]
         usage = self._cpu.measure(pids)
+        gpus = {}
+        if ended is None and self._gpus.usable:  # a node without NVML lists no process trees
+            gpus = self._gpus.sample({pid: [pid, *children(pid)] for pid in pids})
         now = time.monotonic()
         ranks = []
         for slot in slots:
@@ -184,8 +209,13 @@ class StatusPublisher:
                 "restarts": used,
                 "heartbeat_age_s": ages.get(slot.local_rank),
                 "lines_per_s": self._line_rate(slot.local_rank, slot.streams, now),
+                "step": steps[slot.local_rank][0] if slot.local_rank in steps else None,
+                "steps_per_s": self._step_rate(slot.local_rank, steps.get(slot.local_rank), now),
                 "cpu_percent": cpu,
                 "rss_bytes": rss,
+                "gpu": gpus[pid].device if pid in gpus else None,
+                "gpu_util_percent": gpus[pid].utilization if pid in gpus else None,
+                "gpu_memory_bytes": gpus[pid].memory if pid in gpus else None,
             })
         return {
             "schema": SCHEMA_VERSION,
@@ -198,8 +228,11 @@ class StatusPublisher:
             "round": info.round,
             "restarts_used": used,
             "restarts_left": left,
+            "recoveries_in_place": in_place,
             "max_restarts": plan.max_restarts,
             "hang_detection": self._hangs is not None,
+            "straggler_detection": self._stragglers is not None,
+            "slow_ranks": list(self._stragglers.slow_ranks) if self._stragglers is not None else [],
             "agent": self._agent,
             "store": {"host": info.master_addr, "port": info.master_port} if info.group_world_size > 1 else None,
             "interval_s": self._interval,
@@ -217,6 +250,27 @@ class StatusPublisher:
         if before is None or now <= before[1]:
             return None
         return round(max(0, lines - before[0]) / (now - before[1]), 2)
+
+    def _step_totals(self) -> dict[int, tuple[int, int]]:
+        """local rank -> (last step, heartbeat(step) calls) of ranks that gave a step (with
+        ``--straggler-detection``, whose per-rank page the worker writes steps into)."""
+        if self._stragglers is None:
+            return {}
+        return {local_rank: (totals.step, totals.steps)
+                for local_rank, totals in enumerate(self._stragglers.totals()) if totals.steps > 0}
+
+    def _step_rate(self, local_rank: int, step: tuple[int, int] | None, now: float) -> float | None:
+        """``launcher.heartbeat(step)`` calls per second since the last publish (``None`` the first
+        time, or without steps). Calls, not step numbers: a job resumed from a checkpoint, or
+        counting micro-batches, still gives its real pace."""
+        if step is None:
+            self._steps.pop(local_rank, None)
+            return None
+        before = self._steps.get(local_rank)
+        self._steps[local_rank] = (step[1], now)
+        if before is None or now <= before[1] or step[1] < before[0]:  # a fresh worker counts from 0
+            return None
+        return round((step[1] - before[0]) / (now - before[1]), 2)
 
     def _write(self, doc: dict[str, Any]) -> None:
         path = self._path or self._status_path()
@@ -266,3 +320,21 @@ class StatusPublisher:
             if self._store is not None:
                 self._store.close()
             self._store = None
+
+    def _publish_to_rendezvous(self, doc: dict[str, Any]) -> None:
+        """The record into the rendezvous's own store too (c10d's, etcd), below the round's agent
+        keys (:func:`~launcher.status.settings.rendezvous_status_key`): ``launcher status
+        --rdzv-endpoint`` reads it there from any host the rendezvous admits, with the job's
+        credentials, where the workers' store admits only the job's nodes."""
+        info = self._info
+        if info is None or info.store is None or info.group_world_size < 2:
+            return
+        from launcher.rendezvous.store_ops import RoundStore
+
+        if not isinstance(info.store, RoundStore):  # static, torch's handlers: no round keys to read
+            return
+        try:
+            info.store.set(RENDEZVOUS_STATUS_KEY.format(group_rank=doc["group_rank"]),
+                           json.dumps(doc, separators=(",", ":")).encode())
+        except Exception as exc:  # the store is the rendezvous's: its own errors are its to report
+            log.debug("cannot publish the status to the rendezvous store: %s", exc)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-COLUMNS = ("NODE", "RANK", "LOCAL", "PID", "STATE", "RESTARTS", "HEARTBEAT", "LINES/S", "CPU%", "RSS")
+COLUMNS = ("NODE", "RANK", "LOCAL", "PID", "STATE", "RESTARTS", "HEARTBEAT", "STEPS/S", "LINES/S", "CPU%", "RSS",
+           "GPU", "GPU%", "GPU-MEM")
 
 
 def _size(value: int | None) -> str:
@@ -31,6 +32,11 @@ def _elapsed(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+def _in_place(job: dict[str, Any]) -> str:
+    count = int(job.get("recoveries_in_place") or 0)
+    return f" ({count} in place)" if count else ""
+
+
 def render(status: dict[str, Any]) -> str:
     """The text ``launcher status`` prints for one ``--json`` document."""
     job = status["job"]
@@ -38,10 +44,13 @@ def render(status: dict[str, Any]) -> str:
     world = job["world_size"] if job["world_size"] is not None else f"{len(status['ranks'])}+"
     lines = [
         f"job {job['run_id']}: {found} of {job['nodes']} node(s), world size {world}, round {job['round']}, "
-        f"restarts {job['restarts_used']} used / {job['restarts_left']} left, elapsed {_elapsed(job['elapsed_s'])}"
+        f"restarts {job['restarts_used']} used{_in_place(job)} / {job['restarts_left']} left, "
+        f"elapsed {_elapsed(job['elapsed_s'])}"
     ]
     if job["hung_ranks"]:
         lines.append(f"hung ranks: {', '.join(map(str, job['hung_ranks']))}")
+    if job.get("slow_ranks"):
+        lines.append(f"slow ranks (stragglers): {', '.join(map(str, job['slow_ranks']))}")
     if job["failed_ranks"]:
         lines.append(f"failed ranks: {', '.join(map(str, job['failed_ranks']))}")
     if status["missing_nodes"]:
@@ -53,8 +62,10 @@ def render(status: dict[str, Any]) -> str:
         state = rank["state"] if rank["exit_code"] in (None, 0) else f"{rank['state']} ({rank['exit_code']})"
         rows.append((
             str(rank["node"]), str(rank["rank"]), str(rank["local_rank"]), str(rank["pid"] or "-"), state,
-            str(rank["restarts"]), _seconds(rank["heartbeat_age_s"]), _number(rank["lines_per_s"]),
+            str(rank["restarts"]), _seconds(rank["heartbeat_age_s"]),
+            _number(rank.get("steps_per_s")), _number(rank["lines_per_s"]),
             _number(rank["cpu_percent"]), _size(rank["rss_bytes"]),
+            _number(rank.get("gpu")), _number(rank.get("gpu_util_percent")), _size(rank.get("gpu_memory_bytes")),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     for row in rows:

@@ -18,7 +18,8 @@ from launcher.status.procfs import sample_cpu, start_ticks
 from launcher.status.settings import CPU_SAMPLE_S, SCHEMA_VERSION, STATUS_FILE, store_key
 from launcher.values import quote
 
-USAGE = "usage: launcher status PID|LOGDIR [--json] [--watch] [--interval SECONDS]"
+USAGE = ("usage: launcher status PID|LOGDIR [--json] [--watch] [--interval SECONDS], or launcher status "
+         "--rdzv-endpoint HOST:PORT --rdzv-id ID [--rdzv-backend NAME] [--rdzv-conf K=V,...] [--json] [--watch]")
 #: How long reading the other nodes' records may take in all.
 STORE_TIMEOUT = 5.0
 
@@ -156,37 +157,57 @@ def job_status(target: str, *, cpu_sample: float = CPU_SAMPLE_S) -> dict[str, An
     """The ``--json`` document (schema in ``docs/status.md``) of the job ``target`` names."""
     local = local_record(target)
     others, missing, problem = other_nodes(local)
-    now = time.time()
     fresh = sample_cpu([r["pid"] for r in local["ranks"] if r["state"] in ("running", "hung")], cpu_sample)
+    return assemble([local, *others], missing, problem, local=local, fresh=fresh)
+
+
+#: Fields of a rank's row that records of an older agent may lack, and what they mean then.
+_ROW_DEFAULTS = {"step": None, "steps_per_s": None, "gpu": None, "gpu_util_percent": None, "gpu_memory_bytes": None}
+
+
+def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | None, *,
+             local: dict[str, Any] | None = None, fresh: dict[int, Any] | None = None) -> dict[str, Any]:
+    """The ``--json`` document of every node's ``records`` (``local``: this node's own, whose
+    ``fresh`` CPU samples replace its agent's); ``missing``: the group ranks without one."""
+    now = time.time()
+    fresh = fresh or {}
     nodes, ranks = [], []
-    for doc in sorted([local, *others], key=lambda d: int(d["group_rank"])):
+    for doc in sorted(records, key=lambda d: int(d["group_rank"])):
         age = max(0.0, now - float(doc["updated_at"]))
         nodes.append({"node": doc["node"], "group_rank": doc["group_rank"], "agent_pid": doc["agent"]["pid"],
                       "status_age_s": round(age, 3), "local": doc is local})
         for rank in doc["ranks"]:
-            row = {"node": doc["node"], "group_rank": doc["group_rank"], **rank}
+            row = {"node": doc["node"], "group_rank": doc["group_rank"], **_ROW_DEFAULTS, **rank}
             if row["heartbeat_age_s"] is not None:
                 row["heartbeat_age_s"] = round(row["heartbeat_age_s"] + age, 3)
             if doc is local and row["pid"] in fresh:
                 row["cpu_percent"], row["rss_bytes"] = fresh[row["pid"]]
             ranks.append(row)
     ranks.sort(key=lambda r: (r["rank"], r["group_rank"]))
-    started = float(local["agent"]["started_at"])
+    first = min(records, key=lambda d: int(d["group_rank"])) if local is None else local
+    started = min(float(doc["agent"]["started_at"]) for doc in records) if local is None \
+        else float(local["agent"]["started_at"])
+    # Straggler detection judges every rank of the job on every node: the union of what they named.
+    slow = sorted({int(r) for doc in records for r in doc.get("slow_ranks", ())})
     return {
         "schema": SCHEMA_VERSION,
         "job": {
-            "run_id": local["run_id"],
-            "nodes": int(local["group_world_size"]),
+            "run_id": first["run_id"],
+            "nodes": int(first["group_world_size"]),
             "world_size": len(ranks) if not missing else None,
-            "round": local["round"],
+            "round": first["round"],
             # Each node counts its own: one that re-formed because another failed, or because a
             # node joined, used none. The job has used what its most charged node used.
-            "restarts_used": max(int(doc["restarts_used"]) for doc in [local, *others]),
-            "restarts_left": min(int(doc["restarts_left"]) for doc in [local, *others]),
-            "max_restarts": local["max_restarts"],
+            "restarts_used": max(int(doc["restarts_used"]) for doc in records),
+            "restarts_left": min(int(doc["restarts_left"]) for doc in records),
+            # Of the restarts used, those that kept the surviving workers (launcher.recovery).
+            "recoveries_in_place": max(int(doc.get("recoveries_in_place", 0)) for doc in records),
+            "max_restarts": first["max_restarts"],
             "elapsed_s": round(max(0.0, now - started), 3),
             "hung_ranks": [r["rank"] for r in ranks if r["state"] == "hung"],
             "failed_ranks": [r["rank"] for r in ranks if r["state"] == "failed"],
+            "slow_ranks": slow,
+            "straggler_detection": any(bool(doc.get("straggler_detection")) for doc in records),
         },
         "nodes": nodes,
         "missing_nodes": missing,

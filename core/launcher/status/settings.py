@@ -21,6 +21,11 @@ PUBLISH_INTERVAL = 2.0
 CPU_SAMPLE_S = 0.25
 
 
+#: The key of a node's record in the rendezvous store, below its round's agent keys
+#: (``launcher/rdzv/<run id>/<round>/agent/``: :meth:`RendezvousKeys.agent`).
+RENDEZVOUS_STATUS_KEY = "status/{group_rank}"
+
+
 def store_key(run_id: str, group_rank: int) -> str:
     """The key under which the node of ``group_rank`` publishes its status in the workers' store."""
     return f"launcher/status/{run_id}/node/{group_rank}"

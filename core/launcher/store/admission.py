@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "AUTH_HELLO",
     "AUTH_PROOF",
+    "READER_HELLO",
     "NONCE_LEN",
     "PROOF_LEN",
     "Admission",
@@ -69,6 +70,10 @@ def __getattr__(name: str) -> Any:
 #: Query codes of the handshake: outside torch's range (0-18) so they never collide with it.
 AUTH_HELLO: Final = 0xA0
 AUTH_PROOF: Final = 0xA1
+#: Sent first by a client that only reads (``launcher status``): no payload, no reply. A store
+#: restricted to a round's members that refuses it does not take it for an agent knocking to
+#: join (``StoreServer.knocking``), so reading a job's status never makes it start a new round.
+READER_HELLO: Final = 0xA2
 NONCE_LEN: Final = 32
 PROOF_LEN: Final = 32  # SHA-256 digest size
 

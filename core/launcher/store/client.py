@@ -62,7 +62,8 @@ class TCPStoreClient:
     secret itself never crosses the wire. ``refused_timeout`` (seconds, default: as
     ``connect_timeout``) is how long a (re)connection keeps trying while the server accepts and
     at once closes it, i.e. does not admit this host now (a store restricted to the members of a
-    running round).
+    running round). ``reader``: this client only reads (``launcher status``), and says so on
+    connecting, so a store that refuses it does not count it as an agent waiting to join.
 
     One call runs at a time (calls from several threads are serialized); use a client per thread
     for parallelism.
@@ -77,6 +78,7 @@ class TCPStoreClient:
         connect_timeout: float | None = None,
         secret: bytes | None = None,
         refused_timeout: float | None = None,
+        reader: bool = False,
     ) -> None:
         if not 0 < port < 1 << 16:
             raise ValueError(f"port must be in [1, 65535], got {port}")
@@ -90,6 +92,7 @@ class TCPStoreClient:
         #: How long a (re)connection keeps trying while the server does not admit this host
         #: (``None``: as :attr:`connect_timeout`).
         self.refused_timeout = refused_timeout
+        self._reader = reader
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -143,6 +146,7 @@ class TCPStoreClient:
             connect_timeout=self._connect_timeout,
             secret=self._secret,
             refused_timeout=self.refused_timeout,
+            reader=self._reader,
         )
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from launcher.store.admission import (
     AUTH_PROOF,
     NONCE_LEN,
     PROOF_LEN,
+    READER_HELLO,
     client_proof,
     new_nonce,
     proofs_match,
@@ -111,6 +112,7 @@ def open_connection(
     connect_timeout: float | None,
     secret: bytes | None,
     refused_timeout: float | None = None,
+    reader: bool = False,
 ) -> socket.socket:
     """A validated connection to the store at ``host:port``, retrying until ``connect_timeout``
     (seconds, ``None``: forever) passes; then :class:`StoreError` naming the address, the timeout
@@ -147,7 +149,7 @@ def open_connection(
         else:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                _handshake(sock, address, active, secret)
+                _handshake(sock, address, active, secret, reader)
                 return sock
             except _Refused as exc:
                 sock.close()
@@ -164,7 +166,7 @@ def open_connection(
                 # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
                 sock.close()
                 refused, last_error = False, exc
-        if refused and not told and refused_deadline is not deadline:
+        if refused and not told and refused_deadline is not deadline and refused_timeout:  # 0: no retrying
             told = True
             log.info(
                 "the store at %s does not admit this host now (it closes our connections at once: a running "
@@ -198,9 +200,13 @@ def _seconds(value: float | None) -> str:
     return "forever" if value is None else f"{round(value, 1):g} s"
 
 
-def _handshake(sock: socket.socket, address: str, deadline: Deadline, secret: bytes | None) -> None:
+def _handshake(sock: socket.socket, address: str, deadline: Deadline, secret: bytes | None,
+               reader: bool = False) -> None:
     # What torch's client does: a validation message (no reply), then a ping whose nonce the
-    # server must echo; the ping proves the server accepted us.
+    # server must echo; the ping proves the server accepted us. A reader says so first.
+    if reader:
+        sock.settimeout(deadline.remaining())
+        sock.sendall(U8.pack(READER_HELLO))
     if secret is not None:
         _authenticate(sock, address, deadline, secret)
     nonce = os.getpid() & 0xFFFFFFFF

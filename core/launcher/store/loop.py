@@ -17,7 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Final
 
-from launcher.store.admission import Admission, Verdict, peer_ip
+from launcher.store.admission import READER_HELLO, Admission, Verdict, peer_ip
 from launcher.store.protocol import KEY_PREFIX, ProtocolError, format_address
 from launcher.store.requests import (
     OUTPUT_HIGH_WATER,
@@ -51,6 +51,11 @@ _ACCEPT_PAUSE_MAX_S: Final = 2.0
 
 # At most this many refused would-be joiners are remembered (the oldest are forgotten first).
 _MAX_KNOCKS: Final = 4096
+# A refused peer that would count as a knock is heard for this long first: a reader
+# (READER_HELLO, launcher status) is no agent waiting to join. Clients speak at once.
+PROBATION_S: Final = 1.0
+# At most this many refused peers are heard at a time; beyond, they count at once, as before.
+_MAX_PROBATION: Final = 256
 
 LISTENER_TAG: Final = object()
 WAKEUP_TAG: Final = object()
@@ -74,6 +79,7 @@ class ServeLoop:
     _members: frozenset[IPAddress] | None
     _authenticated_joiners: bool
     _knocks: dict[IPAddress, float]
+    _probation: dict[Connection, float]
     _recheck: bool
     handshake_timeout: float
     _throttle: LogThrottle
@@ -129,6 +135,7 @@ class ServeLoop:
                         assert self._listener is not None
                         sel.register(self._listener, selectors.EVENT_READ, LISTENER_TAG)
                     self._expire_handshakes(now)
+                    self._expire_probation(now)
                     if self._recheck:
                         self._recheck = False
                         self._enforce_admission()
@@ -155,6 +162,8 @@ class ServeLoop:
             deadlines.append(self._accept_paused_until)
         if self._handshaking:
             deadlines.append(next(iter(self._handshaking.values())))
+        if self._probation:
+            deadlines.append(next(iter(self._probation.values())))
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
@@ -181,9 +190,13 @@ class ServeLoop:
             return Verdict.ADMIT
         return self._admission.verdict(ip, self._members, self._authenticated_joiners)
 
+    def _may_knock(self, ip: IPAddress | None) -> bool:
+        """Whether refusing ``ip`` now may count it as an agent waiting to join (see :meth:`_note_knock`)."""
+        return ip is not None and self._members is not None and self._admission.verdict(ip, None) is Verdict.ADMIT
+
     def _note_knock(self, ip: IPAddress | None) -> None:
         """Remember a peer refused only because the store is restricted to a round's members."""
-        if ip is None or self._members is None or self._admission.verdict(ip, None) is not Verdict.ADMIT:
+        if ip is None or not self._may_knock(ip):
             return
         self._knocks.pop(ip, None)
         self._knocks[ip] = time.monotonic()
@@ -193,6 +206,8 @@ class ServeLoop:
     def _enforce_admission(self) -> None:
         """Close connections the current policy no longer admits."""
         for conn in list(self._conns):
+            if conn in self._probation:
+                continue  # refused already: heard out by _on_readable or _expire_probation
             verdict = self._verdict(conn.ip, _local_ip(conn.sock))
             if verdict is Verdict.REFUSE or (verdict is Verdict.AUTHENTICATE and not conn.authenticated):
                 self._refused(conn.ip, conn.who, verdict)
@@ -257,6 +272,14 @@ class ServeLoop:
             self._accept_pause = ACCEPT_PAUSE_S
             ip = peer_ip(peer)
             verdict = self._verdict(ip, _local_ip(sock))
+            if verdict is Verdict.REFUSE and self._may_knock(ip) and len(self._probation) < _MAX_PROBATION:
+                # Heard before it counts: its first byte says whether it is a reader.
+                sock.setblocking(False)
+                conn = Connection(sock, peer, ip)
+                self._selector.register(sock, selectors.EVENT_READ, conn)
+                self._conns.add(conn)
+                self._probation[conn] = time.monotonic() + PROBATION_S
+                continue
             if verdict is Verdict.REFUSE:
                 self._note_knock(ip)
                 self._refused(ip, format_address(str(ip), int(peer[1])) if ip else str(peer), verdict)
@@ -273,7 +296,34 @@ class ServeLoop:
             self._conns.add(conn)
             self._handshaking[conn] = time.monotonic() + self.handshake_timeout
 
+    def _expire_probation(self, now: float) -> None:
+        """Refused peers that said nothing in time: counted as knocking agents, as before probation."""
+        while self._probation:
+            conn, deadline = next(iter(self._probation.items()))
+            if deadline > now:
+                return
+            self._end_probation(conn, reader=False)
+
+    def _end_probation(self, conn: Connection, *, reader: bool) -> None:
+        self._probation.pop(conn, None)
+        if reader:
+            self._throttle.log(logging.INFO, (conn.ip, "reader"), "store server refused the reader %s: it is not "
+                               "a member of the current round", conn.who)
+        else:
+            self._note_knock(conn.ip)
+            self._refused(conn.ip, conn.who, Verdict.REFUSE)
+        self._drop(conn)
+
     def _on_readable(self, conn: Connection) -> None:
+        if conn in self._probation:
+            try:
+                first = conn.sock.recv(1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                first = b""
+            self._end_probation(conn, reader=first == bytes([READER_HELLO]))
+            return
         try:
             data = conn.sock.recv(_RECV_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -358,6 +408,7 @@ class ServeLoop:
         self._conns.discard(conn)
         self._dirty.discard(conn)
         self._handshaking.pop(conn, None)
+        self._probation.pop(conn, None)
         if self._selector is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(conn.sock)

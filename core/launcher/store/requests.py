@@ -18,6 +18,7 @@ from launcher.store.admission import (
     AUTH_PROOF,
     NONCE_LEN,
     PROOF_LEN,
+    READER_HELLO,
     client_proof,
     new_nonce,
     proofs_match,
@@ -159,6 +160,7 @@ class RequestHandler:
             QueryType.BARRIER: self._q_barrier,
             AUTH_HELLO: self._q_auth_hello,
             AUTH_PROOF: self._q_auth_proof,
+            READER_HELLO: self._q_reader_hello,
         }
 
     def process(self, conn: Connection) -> None:
@@ -174,9 +176,10 @@ class RequestHandler:
                 reader = Reader(buf, pos)
                 try:
                     query = reader.u8()
-                    if conn.must_auth and query not in (AUTH_HELLO, AUTH_PROOF):
+                    if conn.must_auth and query not in (AUTH_HELLO, AUTH_PROOF, READER_HELLO):
                         raise AuthError(f"query {query} before proving the shared secret")
-                    if not conn.validated and query not in (QueryType.VALIDATE, AUTH_HELLO, AUTH_PROOF):
+                    if not conn.validated and query not in (QueryType.VALIDATE, AUTH_HELLO, AUTH_PROOF,
+                                                            READER_HELLO):
                         raise ProtocolError(f"expected a validation message first, got query {query}")
                     handler = self._handlers.get(query)
                     if handler is None:
@@ -246,6 +249,10 @@ class RequestHandler:
             raise ProtocolError(f"bad validation number {magic:#x}")
         conn.validated = True
         self._validated(conn)
+
+    def _q_reader_hello(self, conn: Connection, r: Reader) -> None:
+        # An admitted reader: nothing to do (the loop looks at it only on a refused connection).
+        pass
 
     def _q_auth_hello(self, conn: Connection, r: Reader) -> None:
         # Reply: u8 1 when no secret is configured; else u8 0, our nonce and our proof.

@@ -162,6 +162,7 @@ class StoreServer(ServeLoop):
         self._throttle = LogThrottle(log, LOG_INTERVAL)
         # Connections still in their handshake -> deadline (insertion order = deadline order).
         self._handshaking: dict[Connection, float] = {}
+        self._probation: dict[Connection, float] = {}
 
         self._conns: set[Connection] = set()
         self._dirty: set[Connection] = set()  # connections with output queued outside their own turn

@@ -95,6 +95,8 @@ class StragglerMonitor:
         self._store: TCPStoreClient | None = None
         #: Every rank ever named, its worst window (kept across attempts), for the final report.
         self.history: dict[int, Finding] = {}
+        #: The global ranks named slow now (``launcher status`` shows them).
+        self.slow_ranks: list[int] = []
 
     # -- per attempt ---------------------------------------------------------------------------
 
@@ -135,6 +137,15 @@ class StragglerMonitor:
         line = report.final_line(list(self.history.values()))
         if line is not None:
             self._print([line])
+
+    def totals(self) -> list[RankTotals]:
+        """Every local rank's running totals as its worker last wrote them (steps included; empty
+        before the first attempt or once closed): ``launcher status``'s step rates."""
+        table = self._table
+        try:
+            return table.read_all() if table is not None else []
+        except (OSError, ValueError):  # closed under us by the main loop
+            return []
 
     def _stop_thread(self, *, keep_table: bool = False) -> None:
         self._stop.set()
@@ -183,6 +194,7 @@ class StragglerMonitor:
                           ", ".join(f"rank {f.rank} {f.ratio:.3f}{'' if f.holds_others else ' (holds none)'}"
                                     for f in findings))
                 change = tracker.update(findings)
+                self.slow_ranks = sorted(tracker.named)
                 for rank, finding in tracker.history.items():
                     if rank not in self.history or finding.ratio > self.history[rank].ratio:
                         self.history[rank] = finding

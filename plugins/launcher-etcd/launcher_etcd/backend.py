@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.rendezvous.dynamic import DynamicRendezvousHandler
 
     from launcher_etcd.client import EtcdClient
+    from launcher_etcd.store import EtcdStore
 
-__all__ = ["clear_finished_job", "connect", "create_handler", "owned_by_node"]
+__all__ = ["clear_finished_job", "connect", "create_handler", "owned_by_node", "read_store"]
 
 log = logging.getLogger("launcher.rendezvous.etcd")
 
@@ -169,6 +170,18 @@ def unresolvable_hosts(settings: EtcdSettings, wait: float = 10.0) -> str | None
         return None
     reason = next(iter(answers.values()))
     return f"{', '.join(repr(host) for host in answers)}: {reason}"
+
+
+def read_store(params: RendezvousParameters) -> EtcdStore:
+    """A store that only reads the job's keys, for ``launcher status --rdzv-backend etcd``: it
+    reaches etcd as an agent would (the same endpoints, TLS and credentials), but takes no lease
+    (the store grants one only when a node's own key is written), joins nothing and clears nothing."""
+    from launcher_etcd.store import EtcdStore
+
+    config = rendezvous_config(params)
+    settings = EtcdSettings.from_parameters(params, config)
+    client = connect(settings, params.run_id)
+    return EtcdStore(client, settings.prefix, lease_ttl=settings.lease_ttl, timeout=config.read_timeout)
 
 
 def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:

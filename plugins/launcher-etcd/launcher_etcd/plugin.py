@@ -16,12 +16,19 @@ from launcher_etcd.settings import ALL_CONFIG_KEYS, check_parameters
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
+    from launcher.store.api import KeyValueStore
 
 
 def _create(params: RendezvousParameters) -> RendezvousHandler:
     from launcher_etcd.backend import create_handler
 
     return create_handler(params)
+
+
+def _read(params: RendezvousParameters) -> KeyValueStore:
+    from launcher_etcd.backend import read_store
+
+    return read_store(params)
 
 
 @hookimpl
@@ -34,4 +41,5 @@ def launcher_rendezvous_backends() -> Iterator[RendezvousBackend]:
         create_handler=_create,
         config_keys=ALL_CONFIG_KEYS,
         check_parameters=check_parameters,
+        read_store=_read,
     )

@@ -162,3 +162,56 @@ def test_a_worker_failure_is_named_on_both_nodes(
         assert "Root cause" in err and "rank       : 1 (local rank 0" in root, err[-3000:]
         assert "exit code 7" in root and "boom: rank 1 gives up" in root, err[-3000:]
         assert "Ranks on this node" in err, err[-3000:]
+
+
+# Runs until the file "go" appears beside it.
+WAITING_WORKER = textwrap.dedent(
+    """
+    import os, time
+    go = os.path.join(os.path.dirname(os.path.abspath(__file__)), "go")
+    end = time.monotonic() + 90
+    while not os.path.exists(go) and time.monotonic() < end:
+        time.sleep(0.1)
+    """
+)
+
+
+@needs_core_algorithm
+def test_status_through_etcd_lists_both_nodes_without_joining(
+    shared_etcd: EtcdCluster, installed_plugin: Path, tmp_path: Path, run_id: str
+) -> None:
+    """``launcher status --rdzv-backend etcd`` from a process that is no agent of the job reads every
+    node's record from etcd; once the job ended, one line and exit status 1."""
+    import json
+
+    script, go = tmp_path / "waiting.py", tmp_path / "go"
+    script.write_text(WAITING_WORKER)
+    agents = [agent(installed_plugin, "etcd", shared_etcd.endpoint, run_id, script, "--monitor-interval", "0.2")
+              for _ in range(2)]
+    env = python_env({"PYTHONPATH": os.pathsep.join([str(installed_plugin), os.environ.get("PYTHONPATH", "")])})
+
+    def status() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "launcher", "status", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+                               shared_etcd.endpoint, "--rdzv-id", run_id, "--json"], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    try:
+        deadline, doc = time.monotonic() + 90, None
+        while time.monotonic() < deadline:
+            result = status()
+            doc = json.loads(result.stdout) if result.returncode == 0 else None
+            if doc and not doc["missing_nodes"] and len(doc["ranks"]) == 2:
+                break
+            assert all(a.poll() is None for a in agents), [a.communicate() for a in agents]
+            time.sleep(0.5)
+        assert doc is not None and len(doc["ranks"]) == 2, result
+        assert [(r["rank"], r["group_rank"], r["state"]) for r in doc["ranks"]] == [(0, 0, "running"),
+                                                                                   (1, 1, "running")], doc
+        assert doc["job"]["nodes"] == 2 and doc["job"]["world_size"] == 2, doc
+    finally:
+        go.touch()
+        outputs = [proc.communicate(timeout=120) for proc in agents]
+    assert all(proc.returncode == 0 for proc in agents), outputs
+    ended = status()
+    assert ended.returncode == 1 and len(ended.stderr.splitlines()) == 1, ended
+    assert "has ended" in ended.stderr and "Traceback" not in ended.stderr, ended

@@ -8,10 +8,14 @@ endpoint's host, or over torch's FileStore with ``store_type=file`` (the endpoin
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from launcher.plugins import hookimpl
 from launcher.plugins.types import RendezvousBackend
 from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.store.api import KeyValueStore
 
 #: torchrun's c10d keys, plus launcher's own (see docs/rendezvous.md). Spelled out rather than
 #: imported from launcher.rendezvous.config to keep that module off the start-up path; a test
@@ -105,6 +109,12 @@ def _check_c10d(params: RendezvousParameters) -> None:
     check_resolvable([host], f"rendezvous endpoint {quote(params.endpoint)}")
 
 
+def _read_c10d(params: RendezvousParameters) -> KeyValueStore:
+    from launcher.status.remote import c10d_read_store
+
+    return c10d_read_store(params)
+
+
 @hookimpl
 def launcher_rendezvous_backends() -> Iterator[RendezvousBackend]:
     yield RendezvousBackend(
@@ -120,4 +130,5 @@ def launcher_rendezvous_backends() -> Iterator[RendezvousBackend]:
         create_handler=_create_c10d,
         config_keys=C10D_CONFIG_KEYS,
         check_parameters=_check_c10d,
+        read_store=_read_c10d,
     )
