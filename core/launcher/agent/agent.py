@@ -86,8 +86,6 @@ class Agent:
         self._preload: Preloader | None = None  # --preload
         self._health = HealthGate(plan, self._emit)  # checks before each round (launcher.health)
         self._status: Any = None  # launcher.status's StatusPublisher, from the first start
-        #: Restarts that were in-place recoveries (launcher status tells them from full restarts).
-        self._recoveries_in_place = 0
         self._preemption: PreemptionWatch | None = None  # --preemption-*: opened in run()
         self._recovery: InPlaceRecovery | None = None  # the workers' control channel (launcher.recovery)
         #: The group an in-place recovery keeps for the next round (launcher.agent.attempt).
@@ -104,8 +102,6 @@ class Agent:
         return self._tally.full
 
     def _emit(self, event_type: str, **data: Any) -> None:
-        if event_type == "group_restarted" and data.get("mode") == "in-place recovery":
-            self._recoveries_in_place += 1
         if self._events is not None:
             self._events.emit(event_type, **data)
 
@@ -284,7 +280,7 @@ class Agent:
             from launcher.status.publisher import StatusPublisher
 
             self._status = self._status or StatusPublisher(plan, self._hangs, stragglers=self._stragglers)
-            self._status.attach(group, info, self._restart_count, self._recoveries_in_place)
+            self._status.attach(group, info, self._restart_count, self.recoveries_in_place)
 
             arm_death_notice(handler, watchdog)
             outcome, failed = self._watch(group, handler, info)
