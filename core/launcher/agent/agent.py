@@ -33,6 +33,7 @@ from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, signal_message
 from launcher.agent.watchdog import Watchdog
 from launcher.errors import LaunchError
+from launcher.health.api import EXIT_NODE_SICK
 from launcher.health.gate import HealthGate, NodeSick
 from launcher.logs.pump import OutputPump
 from launcher.plugins.types import finish_logs
@@ -158,7 +159,7 @@ class Agent:
                 self._health.job_token = watchdog.token  # the checks' processes carry the job's token
                 stack.callback(lambda: self._health.finish(handler, result, self._report.store_note is None))
                 result = self._loop(handler, pump, watchdog)
-            except NodeSick as exc:  # joined nothing: says why and leaves (docs/health.md)
+            except NodeSick as exc:  # a sick node joined nothing, an excluded one (a straggler) no more: says why, leaves
                 result = AgentResult(exit_code=exc.exit_code, message=str(exc))
             except SignalReceived as exc:
                 result = AgentResult(exit_code=128 + exc.signum, message=signal_message(exc.signum))
@@ -183,7 +184,8 @@ class Agent:
             # Nothing answers there any more: leave without writing to it.
             if isinstance(handler, StoreBackedHandler):
                 handler.abandon_store()
-        elif self._health.excluded is None:  # a sick node must not end the job of the healthy ones
+        elif self._health.excluded is None and exit_code != EXIT_NODE_SICK:  # a sick or excluded node
+            # must not end the job of the healthy ones
             with contextlib.suppress(Exception):
                 if exit_code != 0 or not handler.is_closed():
                     handler.set_closed()
@@ -209,6 +211,7 @@ class Agent:
 
     def _rendezvous(self, handler: RendezvousHandler) -> RendezvousInfo:
         self._health.before_join(handler)  # a sick node raises NodeSick instead of joining
+        self._stragglers.before_join(handler)  # a node put out as a straggler raises NodeExcluded
         started = time.monotonic()
         self._emit("rendezvous_started", restart_count=self._restart_count)
         with self._signals.interruptible():
@@ -471,6 +474,7 @@ class Agent:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
                 self._health.poll(handler)
+                self._stragglers.act(handler, info)  # --straggler-action exclude (launcher.stragglers.exclusion)
                 change = membership_changed(handler, self._report, self._emit, info)
                 if change is not None:
                     return change, []

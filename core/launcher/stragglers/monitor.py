@@ -47,6 +47,7 @@ from launcher.stragglers.verdict import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
+    from launcher.stragglers.exclusion import Exclusion
     from launcher.rendezvous.api import RendezvousInfo
     from launcher.store.client import TCPStoreClient
 
@@ -95,6 +96,12 @@ class StragglerMonitor:
         self._store: TCPStoreClient | None = None
         #: Every rank ever named, its worst window (kept across attempts), for the final report.
         self.history: dict[int, Finding] = {}
+        #: ``--straggler-action exclude`` (launcher.stragglers.exclusion); ``None`` for ``report``.
+        self.exclusion: Exclusion | None = None
+        if settings.action == "exclude":
+            from launcher.stragglers.exclusion import Exclusion
+
+            self.exclusion = Exclusion(emit, self._print)
 
     # -- per attempt ---------------------------------------------------------------------------
 
@@ -109,6 +116,8 @@ class StragglerMonitor:
 
         table = self._table if kept else None
         self._stop_thread(keep_table=table is not None)
+        if self.exclusion is not None:
+            self.exclusion.forget()  # a verdict of the last round is not this round's
         if table is None:
             self._attempt += 1
             count = max(envs) + 1 if envs else 0
@@ -135,6 +144,20 @@ class StragglerMonitor:
         line = report.final_line(list(self.history.values()))
         if line is not None:
             self._print([line])
+        if self.exclusion is not None and self.exclusion.excluded:
+            self._print([report.excluded_line(self.exclusion.excluded)])
+
+    def act(self, handler: Any, info: RendezvousInfo) -> None:
+        """At a membership check: act on a verdict (``--straggler-action exclude``; see
+        :meth:`launcher.stragglers.exclusion.Exclusion.act`)."""
+        if self.exclusion is not None:
+            self.exclusion.act(handler, info)
+
+    def before_join(self, handler: Any) -> None:
+        """Before a round: name the nodes put out of the last one; raise
+        :class:`~launcher.stragglers.exclusion.NodeExcluded` on a node put out."""
+        if self.exclusion is not None:
+            self.exclusion.before_join(handler)
 
     def _stop_thread(self, *, keep_table: bool = False) -> None:
         self._stop.set()
@@ -182,6 +205,7 @@ class StragglerMonitor:
                 log.debug("straggler window of %d intervals: %s", len(intervals),
                           ", ".join(f"rank {f.rank} {f.ratio:.3f}{'' if f.holds_others else ' (holds none)'}"
                                     for f in findings))
+                before = set(tracker.named)
                 change = tracker.update(findings)
                 for rank, finding in tracker.history.items():
                     if rank not in self.history or finding.ratio > self.history[rank].ratio:
@@ -190,6 +214,8 @@ class StragglerMonitor:
                     self._print(report.change_lines(change, self.settings.threshold))
                     if self._emit is not None:
                         self._emit("straggler_detected", **report.event_fields(change, self.settings.threshold))
+                    if self.exclusion is not None and multinode:
+                        self.exclusion.propose([f for f in change.named if f.rank not in before], info)
         except Exception as exc:  # never take the agent down: the job goes on undetected
             log.warning("straggler detection stopped: %s", exc)
         finally:
