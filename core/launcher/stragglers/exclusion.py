@@ -31,6 +31,7 @@ from typing import Any
 
 from launcher.errors import LaunchError
 from launcher.health.api import EXIT_NODE_SICK, NodeSick
+from launcher.rendezvous.departures import STRAGGLER
 from launcher.stragglers.report import evidence
 from launcher.stragglers.verdict import Finding
 
@@ -42,7 +43,7 @@ log = logging.getLogger("launcher.stragglers")
 #: (``EX_UNAVAILABLE``), which no other path uses: a scheduler drains the node either way.
 EXIT_NODE_EXCLUDED = EXIT_NODE_SICK
 #: How a straggler's departure reason starts (the rendezvous keeps reasons as plain text).
-PREFIX = "straggler: "
+PREFIX = STRAGGLER
 
 
 class NodeExcluded(NodeSick):
