@@ -13,7 +13,8 @@ def test_api_settings() -> None:
     settings = straggler_settings(threshold="1.3", interval=2)
     assert settings.enabled and settings.threshold == 1.3 and settings.interval == 2.0
     assert settings.action == "report"
-    assert straggler_settings(action=" Exclude ").action == "exclude"  # accepted with a fixed --nnodes too: a spare may come
+    # Accepted with a fixed --nnodes too: a spare may come.
+    assert straggler_settings(action=" Exclude ").action == "exclude"
     assert straggler_settings(enabled=False).threshold == DEFAULT_THRESHOLD
     assert straggler_settings().interval == DEFAULT_INTERVAL
     with pytest.raises(UsageError, match="--straggler-threshold"):

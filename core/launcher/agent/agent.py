@@ -159,7 +159,7 @@ class Agent:
                 self._health.job_token = watchdog.token  # the checks' processes carry the job's token
                 stack.callback(lambda: self._health.finish(handler, result, self._report.store_note is None))
                 result = self._loop(handler, pump, watchdog)
-            except NodeSick as exc:  # a sick node joined nothing, an excluded one (a straggler) no more: says why, leaves
+            except NodeSick as exc:  # a sick node joined nothing, one put out (a straggler) no more: says why
                 result = AgentResult(exit_code=exc.exit_code, message=str(exc))
             except SignalReceived as exc:
                 result = AgentResult(exit_code=128 + exc.signum, message=signal_message(exc.signum))

@@ -53,8 +53,9 @@ class NodeExcluded(NodeSick):
     exit_code = EXIT_NODE_EXCLUDED
 
     def __init__(self, node: str, reason: str) -> None:
-        LaunchError.__init__(self, f"node {node} was put out of the job as a straggler ({reason.removeprefix(PREFIX)}); "
-                         f"its workers were stopped and it joins no other round (exit status {EXIT_NODE_EXCLUDED})")
+        why = reason.removeprefix(PREFIX)
+        LaunchError.__init__(self, f"node {node} was put out of the job as a straggler ({why}); its workers were "
+                             f"stopped and it joins no other round (exit status {EXIT_NODE_EXCLUDED})")
         self.node, self.check, self.reason = node, "straggler", reason
 
 

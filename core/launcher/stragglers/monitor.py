@@ -47,9 +47,9 @@ from launcher.stragglers.verdict import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
-    from launcher.stragglers.exclusion import Exclusion
     from launcher.rendezvous.api import RendezvousInfo
     from launcher.store.client import TCPStoreClient
+    from launcher.stragglers.exclusion import Exclusion
 
 log = logging.getLogger("launcher.stragglers")
 

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from launcher.stragglers.exclusion import EXIT_NODE_EXCLUDED
 
-# The namespace hosts and agents of the multi-node tests (their module skips where namespaces cannot be built).
-from tests.multinode.conftest import _namespaces_usable, make_network, start_agent  # noqa: F401
 from tests.multinode.harness import c10d_unavailable, wait_all
 
 C10D_MISSING = c10d_unavailable()
@@ -25,11 +23,12 @@ pytestmark = [
     ),
 ]
 
-DDP_JOB = str(Path(__file__).resolve().parent / "scripts" / "ddp_job.py")
+DDP_JOB = str(Path(__file__).resolve().parents[1] / "stragglers" / "scripts" / "ddp_job.py")
 RDZV_PORT = 29400
 NAMED = re.compile(r"^launcher: straggler: rank (\d+) \(node (\S+), local rank 0\) is ([\d.]+)x slower", re.M)
 EXCLUDED = re.compile(r"^launcher: straggler excluded: node (\S+) was put out of the job \(rank (\d+) "
-                      r"\(local rank 0\) ([\d.]+)x slower than the median rank: .*\); the job goes on without it$", re.M)
+                      r"\(local rank 0\) ([\d.]+)x slower than the median rank: .*\); the job goes on without it$",
+                      re.M)
 NOT_EXCLUDED = re.compile(r"^launcher: straggler not excluded: node (\S+) \(rank (\d+), [\d.]+x slower than the "
                           r"median rank\) stays in the job: (.*)$", re.M)
 
