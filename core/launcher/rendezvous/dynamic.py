@@ -304,6 +304,8 @@ class DynamicRendezvousHandler:
         m = self._current
         if m is None or self._shut_down or node_id not in m.ids:
             return "it is not in this node's round"
+        if node_id in self._lost.read(self._ops, self._keys, m.round):
+            return None  # already out (another node's report): nothing to refuse
         if m.host_rank is not None and m.ids[m.host_rank] == node_id:
             return "it serves the rendezvous store, which the other nodes cannot do without"
         if len(m.ids) <= self._min and self._ops.add(self._keys.seq(m.round), 0) <= m.count:

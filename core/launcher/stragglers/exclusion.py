@@ -107,8 +107,10 @@ class Exclusion:
         put_out = getattr(handler, "put_out", None)
         reason = reason_for(finding)
         try:
-            if not callable(put_out):
-                why: str | None = "this rendezvous backend cannot re-form the job without a node"
+            if getattr(info, "group_world_size", 1) <= 1:
+                why: str | None = "the job has no other node to go on with"
+            elif not callable(put_out):
+                why = "this rendezvous backend cannot re-form the job without a node"
             else:
                 why = put_out(finding.node, reason, publish=decider == info.group_rank)
         except Exception as exc:  # the store: the straggler stays reported

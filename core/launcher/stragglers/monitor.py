@@ -13,7 +13,9 @@ of a shared-memory file and the start-up hook that times its collectives
    every node's (:mod:`launcher.stragglers.cluster`);
 3. it judges a window of the last intervals every node has published (at least 4, and enough for
    20 collectives a rank: :func:`launcher.stragglers.verdict.select_window`) and, when the named
-   ranks change, prints one line and emits ``straggler_detected``.
+   ranks change, prints one line and emits ``straggler_detected``; with ``--straggler-action
+   exclude`` it hands newly named ranks to :class:`~launcher.stragglers.exclusion.Exclusion`, which
+   the agent's main loop acts on at its next membership check (:meth:`StragglerMonitor.act`).
 
 The thread never touches the workers (it only reads their exit codes already collected) and
 uses its own store connection: the agent's main loop waits for none of it.
@@ -214,7 +216,7 @@ class StragglerMonitor:
                     self._print(report.change_lines(change, self.settings.threshold))
                     if self._emit is not None:
                         self._emit("straggler_detected", **report.event_fields(change, self.settings.threshold))
-                    if self.exclusion is not None and multinode:
+                    if self.exclusion is not None:
                         self.exclusion.propose([f for f in change.named if f.rank not in before], info)
         except Exception as exc:  # never take the agent down: the job goes on undetected
             log.warning("straggler detection stopped: %s", exc)
