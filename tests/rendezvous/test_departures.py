@@ -188,3 +188,76 @@ def test_a_spare_says_so_outlives_the_join_timeout_and_takes_a_lost_nodes_place(
     assert sorted(infos[0].participants) == sorted([members[0].node.id, spare_handler.node.id])
     assert "this spare is called" in caplog.text
 
+
+
+# -- put out on purpose: a straggler (launcher.stragglers.exclusion) -------------------------------------
+
+
+def _finding(node: str, rank: int):
+    from launcher.stragglers.verdict import Finding
+
+    return Finding(rank, node, 0, 1.31, "collectives", 0.9, 0.7, 0.1, 0.3, 0.0, 0.0, True, 4.0)
+
+
+def test_a_straggler_is_put_out_once_by_one_node_and_the_others_name_it(cluster: Cluster) -> None:
+    from launcher.stragglers.exclusion import EXIT_NODE_EXCLUDED, Exclusion, NodeExcluded
+
+    run = cluster.run_id()
+    nodes = cluster.nodes(3, run, 2, 3, last_call_timeout=0.3)
+    infos = rendezvous_all(nodes)
+    by_rank = {info.group_rank: (handler, info) for handler, info in zip(nodes, infos, strict=True)}
+    slow, slow_info = by_rank[2]
+    said: dict[int, list[str]] = {rank: [] for rank in by_rank}
+    events: dict[int, list[dict]] = {rank: [] for rank in by_rank}
+    exclusions = {rank: Exclusion(lambda kind, rank=rank, **data: events[rank].append({"type": kind, **data}),
+                                  said[rank].extend) for rank in by_rank}
+    finding = _finding(slow.node.id, 2)
+    for rank, (handler, info) in by_rank.items():
+        exclusions[rank].propose([_finding(slow.node.id, 2)._replace(ratio=1.2, rank=5), finding], info)
+        exclusions[rank].act(handler, info)
+        exclusions[rank].act(handler, info)  # once per verdict
+    assert all(not lines for lines in said.values()), said
+    # Rank 0 decided alone: one report, with the reason, seen by every node of the round.
+    assert nodes[0].lost_nodes() == [slow.node.id]
+    assert nodes[0]._ops.add(nodes[0]._keys.lost_count(slow_info.round), 0) == 1
+    for rank, (handler, _) in by_rank.items():
+        assert handler.lost_nodes() == [slow.node.id]
+        assert handler.departures()[slow.node.id].startswith("straggler: rank 2 (local rank 0) 1.31x slower")
+        if rank == 2:
+            with pytest.raises(NodeExcluded) as raised:
+                exclusions[rank].before_join(handler)
+            assert raised.value.exit_code == EXIT_NODE_EXCLUDED == 69
+            assert "was put out of the job as a straggler (rank 2" in str(raised.value)
+        else:
+            exclusions[rank].before_join(handler)
+            exclusions[rank].before_join(handler)  # named once
+            assert len(said[rank]) == 1 and said[rank][0].startswith(
+                f"launcher: straggler excluded: node {slow.node.id} was put out of the job (rank 2 "), said
+        assert [(e["type"], e["excluded_node"], e["check"]) for e in events[rank]] == [
+            ("node_excluded", slow.node.id, "straggler")]
+    survivors = [by_rank[0][0], by_rank[1][0]]
+    assert sorted(i.group_world_size for i in rendezvous_all(survivors)) == [2, 2]
+
+
+def test_never_below_min_unless_a_spare_waits_and_never_the_stores_host(cluster: Cluster) -> None:
+    from launcher.stragglers.exclusion import Exclusion
+
+    run = cluster.run_id()
+    host = cluster.node(run, 2, 2, join_timeout=5, is_host=True)
+    other = cluster.node(run, 2, 2, join_timeout=5)
+    infos = dict(zip((host, other), rendezvous_all([host, other]), strict=True))
+    below = "the job would fall below its 2 nodes minimum and no spare waits"
+    assert other.put_out(other.node.id, "straggler: x") == below
+    assert host.put_out(host.node.id, "straggler: x", publish=False).startswith("it serves the rendezvous store")
+    said: list[str] = []
+    exclusion = Exclusion(None, said.extend)
+    exclusion.propose([_finding(other.node.id, 1)], infos[host])
+    exclusion.act(host, infos[host])
+    assert said == [f"launcher: straggler not excluded: node {other.node.id} (rank 1, 1.31x slower than the median "
+                    f"rank) stays in the job: {below}"]
+    assert host.lost_nodes() == []
+    spare = Pending(cluster.node(run, 2, 2, join_timeout=5))
+    assert wait_for(lambda: host.put_out(other.node.id, "straggler: x", publish=False) is None, PROMPT)
+    assert host.put_out(other.node.id, "straggler: rank 1") is None
+    assert host.lost_nodes() == [other.node.id]
+    assert sorted(i.group_world_size for i in [Pending(host).result(), spare.result()]) == [2, 2]

@@ -22,8 +22,10 @@ def test_a_data_loader_slow_mid_job_is_named_then_cleared(tmp_path):
     # main thread waits on the queue while ranks 0 and 2 wait in DDP's all-reduce for it.
     job = [DDP_JOB, "--seconds", "20", "--compute", "0.05", "--slow-rank", "1", "--slow-loader",
            "--factor", "1.5", "--slow-from", "2", "--slow-until", "11", "--heartbeat"]
+    # --straggler-action exclude on one node only reports: no other node to go on with, said once.
     result = run_launcher(["--standalone", "--nproc-per-node", "3", "--straggler-detection",
-                           "--straggler-interval", "1", *job], env={"TMPDIR": str(tmp_path)}, timeout=140)
+                           "--straggler-interval", "1", "--straggler-action", "exclude", *job],
+                          env={"TMPDIR": str(tmp_path)}, timeout=140)
     detail = result.stderr[-4000:]
     assert result.returncode == 0, detail
     named = NAMED.findall(result.stderr)
@@ -31,6 +33,9 @@ def test_a_data_loader_slow_mid_job_is_named_then_cleared(tmp_path):
     assert float(named[0][2]) >= 1.15, detail
     assert "steps/s" in result.stderr, detail  # launcher.heartbeat(step): the step rate is in the evidence
     assert CLEARED.findall(result.stderr) == ["1"], detail
+    assert re.findall(r"^launcher: straggler not excluded: node \S+ \(rank 1, [\d.]+x slower than the median rank\) "
+                      r"stays in the job: the job has no other node to go on with$", result.stderr, re.M), detail
+    assert result.stderr.count("not excluded") == 1, detail
     lines = result.stderr.splitlines()
     named_at = next(i for i, line in enumerate(lines) if NAMED.match(line))
     cleared_at = next(i for i, line in enumerate(lines) if CLEARED.match(line))

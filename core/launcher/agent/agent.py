@@ -33,6 +33,7 @@ from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, signal_message
 from launcher.agent.watchdog import Watchdog
 from launcher.errors import LaunchError
+from launcher.health.api import EXIT_NODE_SICK
 from launcher.health.gate import HealthGate, NodeSick
 from launcher.logs.pump import OutputPump
 from launcher.plugins.types import finish_logs
@@ -169,7 +170,7 @@ class Agent:
                 self._health.job_token = watchdog.token  # the checks' processes carry the job's token
                 stack.callback(lambda: self._health.finish(handler, result, self._report.store_note is None))
                 result = self._loop(handler, pump, watchdog)
-            except NodeSick as exc:  # joined nothing: says why and leaves (docs/health.md)
+            except NodeSick as exc:  # a sick node joined nothing, one put out (a straggler) no more: says why
                 result = AgentResult(exit_code=exc.exit_code, message=str(exc))
             except SignalReceived as exc:
                 result = AgentResult(exit_code=128 + exc.signum, message=signal_message(exc.signum))
@@ -194,7 +195,7 @@ class Agent:
             # Nothing answers there any more: leave without writing to it.
             if isinstance(handler, StoreBackedHandler):
                 handler.abandon_store()
-        elif self._health.excluded is None:  # a sick node must not end the job of the healthy ones
+        elif exit_code != EXIT_NODE_SICK:  # a sick node, or one put out, leaves the job open for the others
             with contextlib.suppress(Exception):
                 if exit_code != 0 or not handler.is_closed():
                     handler.set_closed()
@@ -220,6 +221,7 @@ class Agent:
 
     def _rendezvous(self, handler: RendezvousHandler) -> RendezvousInfo:
         self._health.before_join(handler)  # a sick node raises NodeSick instead of joining
+        self._stragglers.before_join(handler)  # a node put out as a straggler raises NodeExcluded
         started = time.monotonic()
         self._emit("rendezvous_started", restart_count=self._restart_count)
         with self._signals.interruptible():
@@ -450,15 +452,13 @@ class Agent:
                info: RendezvousInfo) -> tuple[WatchOutcome, list[WorkerSlot]]:
         """Block until the group needs attention (see :class:`~launcher.agent.result.WatchOutcome`;
         for ``HUNG`` the report is in ``self._hangs.report``), with the slots that failed or hung."""
-        # Exits are seen at once; this interval only paces questions to the rendezvous store. At least a
-        # second apart: each check is a few store reads, and thousands of nodes asking 10 times a second would swamp it.
+        # Exits are seen at once; the interval paces store reads (>= 1 s: thousands of nodes would swamp it).
         from launcher.agent.membership import membership_changed  # loaded once the workers run
 
         interval = max(self.plan.monitor_interval, MIN_MEMBERSHIP_INTERVAL)
         next_check = time.monotonic() + interval
         preemption = self._preemption
         while True:
-            # A preemption signal here, or another node's notice (looked for every fraction of a second).
             if preemption is not None and preemption.poll(self._signals.received):
                 return WatchOutcome.PREEMPTED, []
             if self._signals.received is not None:
@@ -490,6 +490,7 @@ class Agent:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
                 self._health.poll(handler)
+                self._stragglers.act(handler, info)  # --straggler-action exclude (launcher.stragglers.exclusion)
                 change = membership_changed(handler, self._report, self._emit, info)
                 if change is not None:
                     return change, []

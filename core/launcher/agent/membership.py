@@ -72,7 +72,7 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
             waiting = 0  # the round cannot re-form for them: a finished node joins no other round
     if lost:
         reporter.lost = list(lost)
-        log.warning("lost contact with node(s) %s; re-forming the group", named(handler, lost))
+        log.warning("%s; re-forming the group", _gone(handler, lost))
         emit("membership_changed", lost=list(lost), waiting=waiting)
         return WatchOutcome.MEMBERSHIP
     if waiting > 0:
@@ -156,7 +156,7 @@ def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callabl
         except (StoreError, RendezvousError, OSError):
             return False
         if lost:
-            log.warning("lost contact with node(s) %s; re-forming the group", named(handler, lost))
+            log.warning("%s; re-forming the group", _gone(handler, lost))
             emit("membership_changed", lost=list(lost), waiting=0)
             return True
         if time.monotonic() >= deadline:
@@ -206,6 +206,22 @@ def named(handler: RendezvousHandler, nodes: list[str] | set[str]) -> str:
     except Exception:  # a third-party handler's bug must not hide which node left
         why = {}
     return describe(sorted(nodes), why if isinstance(why, dict) else {})
+
+
+def _gone(handler: RendezvousHandler, nodes: list[str]) -> str:
+    """``lost contact with node(s) ...``, or ``node(s) ... put out of the job`` when every one of
+    them was put out on purpose (a straggler, launcher.stragglers.exclusion)."""
+    from launcher.rendezvous.departures import STRAGGLER
+
+    text = named(handler, nodes)
+    reasons = getattr(handler, "departures", None)
+    try:
+        why = reasons() if callable(reasons) else {}
+    except Exception:
+        why = {}
+    if nodes and isinstance(why, dict) and all(str(why.get(node, "")).startswith(STRAGGLER) for node in nodes):
+        return f"node(s) {text} put out of the job"
+    return f"lost contact with node(s) {text}"
 
 
 def lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> set[str]:

@@ -50,7 +50,8 @@ MEMBERSHIP_CHANGED = "membership_changed"
 HANG_DETECTED = "hang_detected"
 #: The ranks that hold the others changed: a straggler was named, or one cleared (launcher.stragglers).
 STRAGGLER_DETECTED = "straggler_detected"
-#: A node failed a health check and stays out of the job (launcher.health).
+#: A node failed a health check, or was put out as a straggler, and stays out of the job (launcher.health,
+#: launcher.stragglers).
 NODE_EXCLUDED = "node_excluded"
 #: The job is being preempted: every rank was told, and has the grace to save and exit (launcher.preemption).
 PREEMPTED = "preempted"
@@ -118,10 +119,10 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
         "threshold": "the --straggler-threshold ratio in force",
     },
     NODE_EXCLUDED: {
-        "excluded_node": "host name of the node kept out of the job",
+        "excluded_node": "host name of the node kept out of the job (a straggler: its rendezvous node id)",
         "addr": "its address, or null when it announced none",
-        "check": "name of the health check it failed",
-        "reason": "one line: what the check found",
+        "check": "name of the health check it failed, or straggler (--straggler-action exclude)",
+        "reason": "one line: what the check found, or the straggler's verdict",
     },
     PREEMPTED: {
         "signal": "name of the signal that meant preemption (SIGTERM, SIGUSR1, ...)",

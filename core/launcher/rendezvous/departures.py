@@ -28,6 +28,7 @@ from launcher.store.api import StoreTimeoutError
 __all__ = [
     "AGENT_DIED",
     "HEARTBEAT_TIMEOUT",
+    "STRAGGLER",
     "Departure",
     "LostNodes",
     "decode_report",
@@ -42,6 +43,9 @@ log = logging.getLogger("launcher.rendezvous")
 AGENT_DIED = "agent process died"
 #: Why a node whose heartbeat stopped for longer than the heartbeat timeout is gone.
 HEARTBEAT_TIMEOUT = "heartbeat timeout"
+#: How the reason of a node put out as a straggler starts (launcher.stragglers.exclusion): the
+#: others did not lose contact with it, the job decided to go on without it.
+STRAGGLER = "straggler: "
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from launcher.rendezvous.api import (
     RendezvousTimeoutError,
 )
 from launcher.rendezvous.config import DynamicRendezvousConfig
+from launcher.rendezvous.departures import report_departure
 from launcher.rendezvous.gate import StoreGate
 from launcher.rendezvous.keys import KEY_ROOT, RendezvousKeys
 from launcher.rendezvous.liveness import (
@@ -111,7 +112,7 @@ class DynamicRendezvousHandler:
             raise RendezvousError(f"--nnodes {min_nodes}:{max_nodes} is invalid: need 1 <= MIN <= MAX")
         self._config = config or DynamicRendezvousConfig()
         self._run_id = run_id
-        self._max = max_nodes
+        self._min, self._max = min_nodes, max_nodes
         self._node = NodeDescriptor.generate(local_addr)
         self._is_host = is_host
         self.local_world_size = local_world_size
@@ -293,6 +294,26 @@ class DynamicRendezvousHandler:
         ``heartbeat timeout``...), for the nodes whose report says (see
         :mod:`~launcher.rendezvous.departures`), in this round and the earlier ones."""
         return {**self._reasons, **self._lost.reasons()}
+
+    def put_out(self, node_id: str, reason: str, *, publish: bool = True) -> str | None:
+        """Put ``node_id`` out of this round because of ``reason`` (a straggler, say), through the
+        one re-forming path (:func:`~launcher.rendezvous.departures.report_departure`): every
+        participant re-forms without it, and a waiting spare takes its place. Only when the job
+        can do without it: a spare waits, or the round has more than MIN nodes; never the node
+        that serves the store. ``None`` once published (``publish`` false: would be); else why not."""
+        m = self._current
+        if m is None or self._shut_down or node_id not in m.ids:
+            return "it is not in this node's round"
+        if node_id in self._lost.read(self._ops, self._keys, m.round):
+            return None  # already out (another node's report): nothing to refuse
+        if m.host_rank is not None and m.ids[m.host_rank] == node_id:
+            return "it serves the rendezvous store, which the other nodes cannot do without"
+        if len(m.ids) <= self._min and self._ops.add(self._keys.seq(m.round), 0) <= m.count:
+            return f"the job would fall below its {self._min} nodes minimum and no spare waits"
+        if publish:
+            report_departure(self._ops, self._keys, m.round, node_id, reason)
+            self._lost.record(node_id, reason)
+        return None
 
     def death_notice(self) -> list[str] | None:
         """A command that, run once this node's agent died, reports this node gone from its round

@@ -13,7 +13,9 @@ of a shared-memory file and the start-up hook that times its collectives
    every node's (:mod:`launcher.stragglers.cluster`);
 3. it judges a window of the last intervals every node has published (at least 4, and enough for
    20 collectives a rank: :func:`launcher.stragglers.verdict.select_window`) and, when the named
-   ranks change, prints one line and emits ``straggler_detected``.
+   ranks change, prints one line and emits ``straggler_detected``; with ``--straggler-action
+   exclude`` it hands newly named ranks to :class:`~launcher.stragglers.exclusion.Exclusion`, which
+   the agent's main loop acts on at its next membership check (:meth:`StragglerMonitor.act`).
 
 The thread never touches the workers (it only reads their exit codes already collected) and
 uses its own store connection: the agent's main loop waits for none of it.
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
     from launcher.rendezvous.api import RendezvousInfo
     from launcher.store.client import TCPStoreClient
+    from launcher.stragglers.exclusion import Exclusion
 
 log = logging.getLogger("launcher.stragglers")
 
@@ -97,6 +100,12 @@ class StragglerMonitor:
         self.history: dict[int, Finding] = {}
         #: The global ranks named slow now (``launcher status`` shows them).
         self.slow_ranks: list[int] = []
+        #: ``--straggler-action exclude`` (launcher.stragglers.exclusion); ``None`` for ``report``.
+        self.exclusion: Exclusion | None = None
+        if settings.action == "exclude":
+            from launcher.stragglers.exclusion import Exclusion
+
+            self.exclusion = Exclusion(emit, self._print)
 
     # -- per attempt ---------------------------------------------------------------------------
 
@@ -111,6 +120,8 @@ class StragglerMonitor:
 
         table = self._table if kept else None
         self._stop_thread(keep_table=table is not None)
+        if self.exclusion is not None:
+            self.exclusion.forget()  # a verdict of the last round is not this round's
         if table is None:
             self._attempt += 1
             count = max(envs) + 1 if envs else 0
@@ -137,6 +148,20 @@ class StragglerMonitor:
         line = report.final_line(list(self.history.values()))
         if line is not None:
             self._print([line])
+        if self.exclusion is not None and self.exclusion.excluded:
+            self._print([report.excluded_line(self.exclusion.excluded)])
+
+    def act(self, handler: Any, info: RendezvousInfo) -> None:
+        """At a membership check: act on a verdict (``--straggler-action exclude``; see
+        :meth:`launcher.stragglers.exclusion.Exclusion.act`)."""
+        if self.exclusion is not None:
+            self.exclusion.act(handler, info)
+
+    def before_join(self, handler: Any) -> None:
+        """Before a round: name the nodes put out of the last one; raise
+        :class:`~launcher.stragglers.exclusion.NodeExcluded` on a node put out."""
+        if self.exclusion is not None:
+            self.exclusion.before_join(handler)
 
     def totals(self) -> list[RankTotals]:
         """Every local rank's running totals as its worker last wrote them (steps included; empty
@@ -193,6 +218,7 @@ class StragglerMonitor:
                 log.debug("straggler window of %d intervals: %s", len(intervals),
                           ", ".join(f"rank {f.rank} {f.ratio:.3f}{'' if f.holds_others else ' (holds none)'}"
                                     for f in findings))
+                before = set(tracker.named)
                 change = tracker.update(findings)
                 self.slow_ranks = sorted(tracker.named)
                 for rank, finding in tracker.history.items():
@@ -202,6 +228,8 @@ class StragglerMonitor:
                     self._print(report.change_lines(change, self.settings.threshold))
                     if self._emit is not None:
                         self._emit("straggler_detected", **report.event_fields(change, self.settings.threshold))
+                    if self.exclusion is not None:
+                        self.exclusion.propose([f for f in change.named if f.rank not in before], info)
         except Exception as exc:  # never take the agent down: the job goes on undetected
             log.warning("straggler detection stopped: %s", exc)
         finally:

@@ -53,6 +53,12 @@ def final_line(history: Sequence[Finding]) -> str | None:
     return f"launcher: stragglers seen during this job: {items}"
 
 
+def excluded_line(excluded: dict[str, str]) -> str:
+    """The nodes put out of the job as stragglers (``--straggler-action exclude``), with why."""
+    items = "; ".join(f"node {node} ({reason})" for node, reason in excluded.items())
+    return f"launcher: nodes put out of this job as stragglers: {items}"
+
+
 def event_fields(change: Change, threshold: float) -> dict[str, object]:
     """The ``straggler_detected`` event's data (launcher.events.model)."""
     return {

@@ -19,8 +19,9 @@ __all__ = ["ACTIONS", "DEFAULT_INTERVAL", "DEFAULT_THRESHOLD", "FLAGS", "Straggl
            "parse_straggler_action", "parse_straggler_interval", "parse_straggler_threshold", "read_stragglers",
            "straggler_settings"]
 
-#: What happens to a straggler: ``report`` names it; ``exclude`` is not built yet (docs/stragglers.md).
-ACTIONS = ("report",)
+#: What happens to a straggler: ``report`` names it; ``exclude`` also puts its node out of the job
+#: when a spare or the elastic range allows (docs/stragglers.md, "Exclusion").
+ACTIONS = ("report", "exclude")
 
 #: A rank is a straggler once its share of time outside collectives over the window is at least
 #: this many times the median rank's. 1.15: an even job with 10% random noise per step on every
@@ -42,7 +43,7 @@ class StragglerSettings(NamedTuple):
     enabled: bool = False
     #: Working-time ratio to the median rank at which a rank is named (see :data:`DEFAULT_THRESHOLD`).
     threshold: float = DEFAULT_THRESHOLD
-    #: ``report``.
+    #: ``report`` or ``exclude``.
     action: str = "report"
     #: Seconds between samples; the verdict looks at the last few (``docs/stragglers.md``).
     interval: float = DEFAULT_INTERVAL
@@ -84,12 +85,10 @@ def parse_straggler_interval(value: Any, name: str = "--straggler-interval") -> 
 
 
 def parse_straggler_action(value: Any, name: str = "--straggler-action") -> str:
-    """``report`` (the default); ``exclude`` is refused with the reason."""
+    """``report`` (the default) or ``exclude``."""
     text = "report" if value is None else str(value).strip().lower()
-    if text == "exclude":
-        raise UsageError(f"{name} exclude is not available yet: use report (see docs/stragglers.md)")
     if text not in ACTIONS:
-        raise UsageError(f"{name} {quote(str(value))} is not an action: use report")
+        raise UsageError(f"{name} {quote(str(value))} is not an action: use report or exclude")
     return text
 
 
@@ -123,7 +122,8 @@ FLAGS: FlagGroup[StragglerSettings] = FlagGroup(
              f"(default {DEFAULT_THRESHOLD:g}: 15%% slower)."),
         Flag("--straggler-action", default=None,
              help="What happens to a straggler: report (default) prints one line naming it and emits "
-             "straggler_detected."),
+             "straggler_detected; exclude also puts its node out of the job when a spare waits or the job keeps "
+             "at least its MIN nodes (docs/stragglers.md)."),
         Flag("--straggler-interval", default=None,
              help=f"Seconds between looks at every rank's timings and between the nodes' summaries in the store "
              f"(default {DEFAULT_INTERVAL:g})."),
@@ -135,6 +135,12 @@ class _NoMonitor:
     """Detection off: :meth:`attach` leaves the workers as they are."""
 
     def attach(self, envs: Any, group: Any, info: Any, *, kept: bool = False) -> None:
+        return None
+
+    def act(self, handler: Any, info: Any) -> None:
+        return None
+
+    def before_join(self, handler: Any) -> None:
         return None
 
 

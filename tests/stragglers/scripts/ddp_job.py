@@ -4,7 +4,8 @@ Every step: wait for a batch (a loader thread puts one on a queue after ``--load
 "compute" ``--compute`` seconds (a sleep, standing for the GPU's kernels, plus a real
 forward and backward of a small model), then DDP's gradient all-reduce. Options make one rank
 slower: its compute (``--slow-rank R --factor 1.3``), or its loader (``--slow-loader``), for the
-whole run or from ``--slow-from`` to ``--slow-until`` seconds after the first step. ``--noise``
+whole run or from ``--slow-from`` to ``--slow-until`` seconds after the first step (``--slow-rank`` is a
+global rank: a job re-formed smaller may have none). ``--noise``
 adds that much uniform random noise to every rank's compute, every step.
 """
 
@@ -20,6 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=10.0)
+parser.add_argument("--seconds-at-world", default="",
+                    help="W=S,...: run S seconds when the world has W ranks (a job that re-forms smaller)")
 parser.add_argument("--steps", type=int, default=0, help="stop after this many steps instead")
 parser.add_argument("--compute", type=float, default=0.02)
 parser.add_argument("--load", type=float, default=0.0)
@@ -35,6 +38,10 @@ args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+for item in filter(None, args.seconds_at_world.split(",")):
+    world, seconds = item.split("=")
+    if int(world) == dist.get_world_size():
+        args.seconds = float(seconds)
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
