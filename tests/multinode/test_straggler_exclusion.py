@@ -81,7 +81,7 @@ def test_the_straggler_node_is_put_out_and_the_others_finish(make_network, start
         rounds = [e["data"]["group_world_size"] for e in events if e["type"] == "rendezvous_completed"]
         assert rounds[0] == 3 and rounds[-1] == 2, detail  # finished in a round without it
         done = [e["data"] for e in events if e["type"] == "job_succeeded"]
-        assert done == [{"restart_count": 0}], detail  # re-forming without it costs no restart
+        assert [d["restart_count"] for d in done] == [0], detail  # re-forming without it costs no restart
         assert "not excluded" not in agents[i].stderr and "lost contact" not in agents[i].stderr, detail
         assert f"node(s) {node} (straggler: rank 2" in agents[i].stderr, detail  # "...put out of the job; re-forming"
 

@@ -69,7 +69,9 @@ dist.barrier()
 started[0] = time.monotonic()
 threading.Thread(target=loader, args=(batches,), daemon=True).start()
 step = 0
-while (step < args.steps) if args.steps else (time.monotonic() - started[0] < args.seconds):
+# By time, a rank leaves only where all agree (below): its own clock alone would let it leave while
+# the others enter the next step's all-reduce (connection closed by peer).
+while step < args.steps or not args.steps:
     x, y = batches.get()  # the main thread waits for its data loader
     compute = args.compute * (1.0 + noise.uniform(-args.noise, args.noise))
     if slow_now() and not args.slow_loader:
