@@ -181,13 +181,3 @@ def all_reduce_ranks(text: str, world: int) -> dict[int, str]:
     pattern = rf"rank (\d+) of {world} \(group rank (\d+)[^)]*\) all_reduce ok {total}\b"
     return {int(m.group(1)): m.group(2) for m in re.finditer(pattern, text)}
 
-
-def c10d_unavailable() -> str | None:
-    """Why the c10d backend cannot be used yet (``None`` when it is there)."""
-    try:
-        from launcher.rendezvous import c10d
-    except ImportError as exc:
-        return f"launcher.rendezvous.c10d is missing ({exc})"
-    if not callable(getattr(c10d, "create_handler", None)):
-        return "launcher.rendezvous.c10d has no create_handler"
-    return None

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.multinode.harness import ALLREDUCE, all_reduce_ranks, c10d_unavailable, wait_all
-
-C10D_MISSING = c10d_unavailable()
+from tests.multinode.harness import ALLREDUCE, all_reduce_ranks, wait_all
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 RDZV_PORT = 29400

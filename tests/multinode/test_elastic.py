@@ -14,16 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.harness import ELASTIC, c10d_unavailable, read_progress, wait_all, wait_until
-
-C10D_MISSING = c10d_unavailable()
+from tests.multinode.harness import ELASTIC, read_progress, wait_all, wait_until
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 RDZV_PORT = 29400

@@ -6,16 +6,11 @@ import re
 
 import pytest
 
-from tests.multinode.harness import SCRIPTS, c10d_unavailable, wait_all
-
-C10D_MISSING = c10d_unavailable()
+from tests.multinode.harness import SCRIPTS, wait_all
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 HANG_WORKER = str(SCRIPTS / "hang_worker.py")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.multinode.etcd import etcd_binary, install_plugin, start_etcd
-from tests.multinode.harness import ROOT, c10d_unavailable, wait_all
+from tests.multinode.harness import ROOT, wait_all
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -78,9 +78,6 @@ def _run(net, start_agent, tmp_path: Path, backend: str, endpoint: str, env: dic
 
 @pytest.mark.timeout(180)
 def test_sick_node_stays_out_c10d(make_network, start_agent, tmp_path):
-    missing = c10d_unavailable()
-    if missing is not None:
-        pytest.skip(missing)
     net = make_network(3)
     _run(net, start_agent, tmp_path, "c10d", net[0].endpoint(29400), {})
 

@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.harness import SCRIPTS, AgentProcess, c10d_unavailable, wait_all, wait_until
+from tests.multinode.harness import SCRIPTS, AgentProcess, wait_all, wait_until
 from tests.multinode.netns import Network
-
-C10D_MISSING = c10d_unavailable()
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 PREEMPT_WORKER = str(SCRIPTS / "preempt_worker.py")

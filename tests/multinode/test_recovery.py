@@ -17,16 +17,11 @@ from typing import Any
 import pytest
 
 from tests.multinode.etcd import etcd_binary, install_plugin, start_etcd
-from tests.multinode.harness import ROOT, c10d_unavailable, wait_all
-
-C10D_MISSING = c10d_unavailable()
+from tests.multinode.harness import ROOT, wait_all
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 EXAMPLE = str(Path(ROOT) / "examples" / "recoverable_train.py")

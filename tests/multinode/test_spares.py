@@ -18,14 +18,11 @@ import pytest
 
 from tests.multinode.etcd import etcd_binary, install_plugin, start_etcd
 from tests.multinode.harness import ROOT, read_progress, wait_all, wait_until
-from tests.multinode.test_elastic import C10D_MISSING, STEPS, check_history, elastic_args, logs, wait_progress
+from tests.multinode.test_elastic import STEPS, check_history, elastic_args, logs, wait_progress
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 SPARE_LINE = "waiting as a spare: the job has its 2 nodes"

@@ -12,17 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.multinode.harness import agent_env, c10d_unavailable, wait_all, wait_until
+from tests.multinode.harness import agent_env, wait_all, wait_until
 from tests.status.schema_check import errors, schema_from_doc
-
-C10D_MISSING = c10d_unavailable()
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "status.md"

@@ -8,16 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.harness import c10d_unavailable, wait_all
-
-C10D_MISSING = c10d_unavailable()
+from tests.multinode.harness import wait_all
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        C10D_MISSING is not None, reason=f"c10d backend not there yet: {C10D_MISSING}", run=False, strict=False
-    ),
 ]
 
 DDP_JOB = str(Path(__file__).resolve().parents[1] / "stragglers" / "scripts" / "ddp_job.py")
