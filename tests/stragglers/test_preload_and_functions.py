@@ -1,0 +1,54 @@
+"""Workers no start-up hook starts: ``--preload`` workers (forked from a template that imported
+torch) and function workers (``launch(config, fn)``) time their collectives as script workers do."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import launcher_env, run_launcher
+
+pytest.importorskip("torch")
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+NAMED = re.compile(r"^launcher: straggler: rank (\d+) \(node \S+, local rank (\d+)\) is ([\d.]+)x slower", re.M)
+SEEN = re.compile(r"^launcher: stragglers seen during this job: rank (\d+) ", re.M)
+
+
+def _assert_only_named(stderr: str, rank: str) -> None:
+    detail = stderr[-4000:]
+    named = NAMED.findall(stderr)
+    assert named, "no straggler named: " + detail
+    assert {(r, lr) for r, lr, _ in named} == {(rank, rank)}, detail  # one node: local rank is rank
+    assert all(float(ratio) >= 1.15 for _, _, ratio in named), detail
+    assert SEEN.findall(stderr) == [rank], detail
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_rank_of_a_preloaded_job_is_named(tmp_path):
+    # The template imported torch, torch.distributed and DDP before any rank existed: each forked
+    # worker wraps them at once, in itself (the template holds no rank's timing state).
+    job = [str(SCRIPTS / "ddp_job.py"), "--seconds", "14", "--compute", "0.05", "--slow-rank", "2",
+           "--factor", "1.3"]
+    result = run_launcher(["--standalone", "--nproc-per-node", "3", "--preload", "torch", "--straggler-detection",
+                           "--straggler-interval", "1", *job], env={"TMPDIR": str(tmp_path)}, timeout=110)
+    assert result.returncode == 0, result.stderr[-4000:]
+    # Every --preload notice says it did not apply (not preloading, not this entrypoint...): none.
+    assert not [line for line in result.stderr.splitlines() if "--preload" in line], result.stderr[-4000:]
+    _assert_only_named(result.stderr, "2")
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_rank_of_a_function_job_is_named(tmp_path):
+    # launch(config, fn) with straggler_settings(): multiprocessing starts the workers, with no
+    # start-up hook, and spawn re-imports the caller's module (torch with it) before fn runs.
+    result = subprocess.run([sys.executable, str(SCRIPTS / "function_job.py"), "14", "1"], capture_output=True,
+                            text=True, timeout=110, cwd=str(tmp_path), env=launcher_env({"TMPDIR": str(tmp_path)}))
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = re.search(r"^steps \{0: (\d+), 1: (\d+), 2: (\d+)\}$", result.stdout, re.M)
+    assert steps and len(set(steps.groups())) == 1, result.stdout  # every rank ran the same steps
+    _assert_only_named(result.stderr, "1")
