@@ -27,7 +27,8 @@ stderr, and the script (or ``-m`` module) run as a fresh ``__main__``.
 
 Only what the interpreter loads at start-up (``os``, ``sys``, ``marshal``), the C ``_socket``
 module (after the preloaded imports) and, where a normal worker would load them too, ``runpy``
-(``-m``) and ``faulthandler`` (``--hang-timeout``): a forked worker's ``sys.modules`` is what a
+(``-m``), ``faulthandler`` (``--hang-timeout``) and the collective timing's modules
+(``--straggler-detection``): a forked worker's ``sys.modules`` is what a
 normal worker's would be, plus the preloaded modules and ``_socket`` (and, only after an import
 that left native threads, ``time`` and, on Python 3.12+, ``warnings``, which ``import torch`` loads
 anyway). No launcher import: the
@@ -239,11 +240,14 @@ def _die_with_parent(agent):
         os._exit(1)
 
 
-def _arm_stacks():
-    """``--hang-timeout``: what ``launcher/hangs/_site/sitecustomize.py`` does at a worker's start-up.
+def _arm_hooks():
+    """What ``launcher/hangs/_site/sitecustomize.py`` does at a worker's start-up: arm stack dumps
+    (``--hang-timeout``) and time the collectives (``--straggler-detection``).
 
-    The template started without the per-worker variables, so that hook did nothing there. Same
-    file format and environment as there (``launcher.hangs.stacks``).
+    The template started without the per-worker variables, so that hook did nothing there (and
+    the template holds no rank's state: it is loaded here, in the forked worker). Same file
+    format and environment as there (``launcher.hangs.stacks``, ``launcher.stragglers.timing``).
+    The template imported ``torch.distributed`` already: the timing module wraps it at once.
     """
     site = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "hangs", "_site")
     entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -253,7 +257,9 @@ def _arm_stacks():
             os.environ["PYTHONPATH"] = os.pathsep.join(entries)
         else:
             del os.environ["PYTHONPATH"]
-    if not os.environ.get("LAUNCHER_STACKS_FILE"):
+    stacks = os.environ.get("LAUNCHER_STACKS_FILE")
+    timing = os.environ.get("LAUNCHER_STRAGGLER_FILE") and os.environ.get("LAUNCHER_STRAGGLER_HOOK")
+    if not stacks and not timing:
         return
     import importlib.util
 
@@ -262,7 +268,16 @@ def _arm_stacks():
         raise ImportError(f"no start-up hook in {site}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module._arm()
+    if stacks:
+        try:
+            module._arm()
+        except Exception as exc:  # never stop a worker from starting (as the start-up hook)
+            sys.stderr.write(f"launcher: cannot arm stack dumps: {exc}\n")
+    if timing:
+        try:
+            module._time_collectives()
+        except Exception as exc:  # never stop a worker from starting (as the start-up hook)
+            sys.stderr.write(f"launcher: cannot time the collectives for straggler detection: {exc}\n")
 
 
 def _reseed():
@@ -297,9 +312,9 @@ def _become_worker(request, out_fd, err_fd, go_fd):
     os.environ.clear()
     os.environ.update(request["env"])
     try:
-        _arm_stacks()
+        _arm_hooks()
     except Exception as exc:  # never stop a worker from starting (as the start-up hook)
-        sys.stderr.write(f"launcher: cannot arm stack dumps: {exc}\n")
+        sys.stderr.write(f"launcher: cannot load the start-up hook: {exc}\n")
     _reseed()
     argv = request["argv"]
     if hasattr(sys, "orig_argv"):

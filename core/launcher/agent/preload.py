@@ -55,8 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("launcher.agent")
 
 TEMPLATE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_preload_main.py")
-#: Where the ``--hang-timeout`` start-up hook lives (``launcher.hangs.stacks.SITE_DIR``); the
-#: template needs no hook, and a forked worker arms itself.
+#: Where the ``--hang-timeout`` and ``--straggler-detection`` start-up hook lives
+#: (``launcher.hangs.stacks.SITE_DIR``); the template needs no hook, and a forked worker loads it.
 _HOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hangs", "_site")
 
 #: Variables the agent sets per worker or per attempt: not part of the template's environment
@@ -66,7 +66,9 @@ PER_WORKER = frozenset({
     "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
     "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 })
-PER_WORKER_PREFIXES = ("TORCHELASTIC_", "LAUNCHER_STACKS_", "LAUNCHER_HEARTBEAT_")
+#: (--straggler-detection's file is per attempt: in the template's environment it would re-create
+#: the template at every restart, and the template must hold no rank's timing state.)
+PER_WORKER_PREFIXES = ("TORCHELASTIC_", "LAUNCHER_STACKS_", "LAUNCHER_HEARTBEAT_", "LAUNCHER_STRAGGLER_")
 
 #: Largest packet the template sends.
 _MAX_PACKET = 4 << 20

@@ -329,10 +329,17 @@ def _function_main(
     stdout.close()
     stderr.close()
     os.environ.update(env)
-    if env.get("LAUNCHER_STACKS_FILE"):  # --hang-timeout: no start-up hook runs in this process
+    # No start-up hook runs in this process (multiprocessing starts it): do here what it does.
+    if env.get("LAUNCHER_STACKS_FILE") or env.get("LAUNCHER_STRAGGLER_FILE"):
         from launcher.hangs.stacks import arm_here
 
-        arm_here(env)
+        arm_here(env)  # --hang-timeout: claim the heartbeat, arm stack dumps
+    if env.get("LAUNCHER_STRAGGLER_FILE"):  # --straggler-detection
+        from launcher.stragglers.timing import install
+
+        # Before fn runs, but torch.distributed may be imported already (spawn re-imports the
+        # caller's main module, fork inherits it): install() wraps it at once in that case.
+        install()
     from launcher.agent import exit_teardown
 
     exit_teardown.arm()  # before the function runs: its own exit handlers run first

@@ -107,6 +107,7 @@ def arm_here(env: Mapping[str, str]) -> None:
     from launcher.hangs.heartbeat import claim
 
     claim(force=True)  # this process is the worker: it beats for its rank, its children do not
+    _leave_site_path()
     path = env.get(STACKS_FILE_ENV)
     if not path or os.environ.get(STACKS_ARMED_ENV):
         return
@@ -118,7 +119,11 @@ def arm_here(env: Mapping[str, str]) -> None:
     faulthandler.register(int(STACKS_SIGNAL), file=handle, all_threads=True, chain=False)
     os.environ[STACKS_ARMED_ENV] = str(os.getpid())
     globals()["_armed_file"] = handle
-    # Children should not inherit the start-up hook's path entry either.
+
+
+def _leave_site_path() -> None:
+    """Take the start-up hook's directory off ``PYTHONPATH``: this process did what the hook does,
+    and its children (which the hook would leave alone anyway) should see the paths torchrun gives."""
     if os.environ.get("PYTHONPATH", "").startswith(SITE_DIR):
         rest = os.environ["PYTHONPATH"][len(SITE_DIR) :].lstrip(os.pathsep)
         if rest:

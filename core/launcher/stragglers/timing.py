@@ -333,7 +333,7 @@ def _patched(name, module, patch):
         sys.meta_path.remove(_finder)
 
 
-def install():
+def install() -> None:
     """Time this worker's collectives once its code imports them (see the module docstring).
 
     Does nothing outside launcher's straggler detection or in a child of the worker.
