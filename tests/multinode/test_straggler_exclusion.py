@@ -127,15 +127,16 @@ def test_a_spare_takes_the_place_of_the_straggler_node(make_network, start_agent
     # before the first verdict: that needs the workers up, then four intervals and two windows.
     wait_until(lambda: all("round 0 formed" in a.stderr for a in agents), 60, "round 0 to form",
                on_timeout=lambda: "\n".join(a.describe(60) for a in agents))
-    agents.append(start(2, "14"))
+    agents.append(start(2, "10"))
     wait_until(lambda: SPARE_LINE in agents[2].stderr, 30, "node 2 to say it waits as a spare",
                on_timeout=lambda: "\n".join(a.describe(60) for a in agents))
     codes = wait_all(agents, 150, expect=None)
     detail = "\n".join(a.describe(60) for a in agents)
     assert codes == [0, EXIT_NODE_EXCLUDED, 0], detail
     events = [_events(tmp_path / f"events{i}.jsonl") for i in range(3)]
-    node = NAMED.findall(agents[0].stderr)[0][1]
-    assert NAMED.findall(agents[0].stderr)[0][0] == "1" and node.startswith(f"{net[1].addr}_"), detail
+    named = NAMED.findall(agents[0].stderr)
+    assert named and named[0][0] == "1" and named[0][1].startswith(f"{net[1].addr}_"), detail
+    node = named[0][1]
     why = [line for line in agents[1].stderr.splitlines() if "was put out of the job as a straggler" in line]
     assert len(why) == 1 and f"node {node} was put out of the job as a straggler (rank 1 (local rank 0) " in why[0]
     assert why[0].endswith(f"(exit status {EXIT_NODE_EXCLUDED})"), detail
