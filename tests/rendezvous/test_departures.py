@@ -187,6 +187,8 @@ def test_a_spare_says_so_outlives_the_join_timeout_and_takes_a_lost_nodes_place(
     assert {i.round for i in infos} == {1}
     assert sorted(infos[0].participants) == sorted([members[0].node.id, spare_handler.node.id])
     assert "this spare is called" in caplog.text
+    # Called in, the spare knows whose place it took and why (it was in no round that saw it go).
+    assert spare_handler.departures() == {members[1].node.id: HEARTBEAT_TIMEOUT}
 
 
 
@@ -256,8 +258,17 @@ def test_never_below_min_unless_a_spare_waits_and_never_the_stores_host(cluster:
     assert said == [f"launcher: straggler not excluded: node {other.node.id} (rank 1, 1.31x slower than the median "
                     f"rank) stays in the job: {below}"]
     assert host.lost_nodes() == []
-    spare = Pending(cluster.node(run, 2, 2, join_timeout=5))
+    spare_handler = cluster.node(run, 2, 2, join_timeout=5)
+    spare = Pending(spare_handler)
     assert wait_for(lambda: host.put_out(other.node.id, "straggler: x", publish=False) is None, PROMPT)
     assert host.put_out(other.node.id, "straggler: rank 1") is None
     assert host.lost_nodes() == [other.node.id]
     assert sorted(i.group_world_size for i in [Pending(host).result(), spare.result()]) == [2, 2]
+    # The spare names the straggler whose place it took once it has joined, once.
+    spare_said: list[str] = []
+    spare_exclusion = Exclusion(None, spare_said.extend)
+    spare_exclusion.after_join(spare_handler)
+    spare_exclusion.after_join(spare_handler)
+    assert spare_said == [f"launcher: straggler excluded: node {other.node.id} was put out of the job (rank 1); "
+                          f"the job goes on without it"]
+    assert spare_exclusion.excluded == {other.node.id: "straggler: rank 1"}

@@ -213,7 +213,6 @@ class Agent:
     def _remove_result_dir(self) -> None:
         if self._result_dir is not None:
             import shutil
-
             shutil.rmtree(self._result_dir, ignore_errors=True)
             self._result_dir = None
 
@@ -226,6 +225,7 @@ class Agent:
         self._emit("rendezvous_started", restart_count=self._restart_count)
         with self._signals.interruptible():
             info = handler.next_rendezvous()
+        self._stragglers.after_join(handler)  # a spare called in names the straggler it replaces
         self._emit("rendezvous_completed", round=info.round, group_rank=info.group_rank,
                    group_world_size=info.group_world_size, participants=list(info.participants),
                    duration=round(time.monotonic() - started, 6))

@@ -232,6 +232,11 @@ class DynamicRendezvousHandler:
             # Why the previous round's missing nodes went, for the agent's "left the job" line.
             with contextlib.suppress(RendezvousError, StoreError):  # a courtesy: the round is formed
                 self._lost.read(self._ops, self._keys, previous.round)
+        elif previous is None and membership.round > 0:
+            # A first join into a later round (a spare called in): the nodes of the round before
+            # that it takes the place of, and why they went (a straggler put out, say).
+            with contextlib.suppress(RendezvousError, StoreError):
+                self._lost.read(self._ops, self._keys, membership.round - 1)
         self._reasons.update(self._lost.reasons())
         self._lost.reset()
         if len(membership.ids) > 1:

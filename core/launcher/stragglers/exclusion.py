@@ -125,11 +125,26 @@ class Exclusion:
         """Before joining a round: name the nodes put out of the last one as stragglers (once
         each); raise :class:`NodeExcluded` if this node is one of them."""
         lost_nodes = getattr(handler, "lost_nodes", None)
-        departures = getattr(handler, "departures", None)
-        if not callable(lost_nodes) or not callable(departures):
+        if not callable(lost_nodes):
             return
         try:
             lost_nodes()  # reads the reports of the round this node leaves
+        except Exception as exc:  # a store problem is the rendezvous's to report
+            log.debug("cannot read the departures: %s", exc)
+            return
+        self._name(handler)
+
+    def after_join(self, handler: Any) -> None:
+        """After joining a round: a spare called in names the straggler whose place it takes (the
+        rendezvous read the departures of the round before when it joined); the nodes that were
+        in that round named it before joining, and nobody is named twice."""
+        self._name(handler)
+
+    def _name(self, handler: Any) -> None:
+        departures = getattr(handler, "departures", None)
+        if not callable(departures):
+            return
+        try:
             reasons = departures()
         except Exception as exc:  # a store problem is the rendezvous's to report
             log.debug("cannot read the departures: %s", exc)

@@ -163,6 +163,11 @@ class StragglerMonitor:
         if self.exclusion is not None:
             self.exclusion.before_join(handler)
 
+    def after_join(self, handler: Any) -> None:
+        """After a round formed: a spare called in names the straggler whose place it takes."""
+        if self.exclusion is not None:
+            self.exclusion.after_join(handler)
+
     def totals(self) -> list[RankTotals]:
         """Every local rank's running totals as its worker last wrote them (steps included; empty
         before the first attempt or once closed): ``launcher status``'s step rates."""

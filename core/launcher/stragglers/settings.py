@@ -143,6 +143,9 @@ class _NoMonitor:
     def before_join(self, handler: Any) -> None:
         return None
 
+    def after_join(self, handler: Any) -> None:
+        return None
+
 
 def monitor_for(plan: Any, emit: Any, stack: Any) -> Any:
     """The agent's :class:`~launcher.stragglers.monitor.StragglerMonitor` for ``plan`` (closed with
