@@ -9,12 +9,21 @@ import tarfile
 
 from tests.conftest import LAUNCHER, launcher_env
 
+# Rank 1 fails only once rank 0 has printed its last line: else rank 0 may be stopped before it
+# does, and its tail would end earlier.
 FAILING = """
-import os, sys
+import os, sys, time
+from pathlib import Path
+printed = Path(sys.argv[1]) / "printed-0"
 for i in range(500):
-    print("line", i, "of rank", os.environ["RANK"])
-if os.environ["RANK"] == "1":
-    raise RuntimeError("rank 1 gives up")
+    print("line", i, "of rank", os.environ["RANK"], flush=True)
+if os.environ["RANK"] == "0":
+    printed.touch()
+    time.sleep(60)
+deadline = time.monotonic() + 60
+while not printed.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+raise RuntimeError("rank 1 gives up")
 """
 
 
@@ -22,7 +31,7 @@ def test_a_failed_job_is_bundled_with_its_secrets_redacted(write_script, tmp_pat
     script = write_script("failing.py", FAILING)
     logs = tmp_path / "logs"
     job = subprocess.run([*LAUNCHER, "--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), "--tee", "3",
-                          script], env=launcher_env(), capture_output=True, text=True, timeout=120)
+                          script, str(tmp_path)], env=launcher_env(), capture_output=True, text=True, timeout=120)
     assert job.returncode == 1, job.stderr
     out = tmp_path / "ticket.tar.gz"
     env = launcher_env({"MY_API_TOKEN": "hunter2", "DB_URL": "postgres://me:s3cret@db/x", "PLAIN": "visible"})
