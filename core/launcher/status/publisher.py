@@ -50,6 +50,11 @@ log = logging.getLogger("launcher.status")
 STORE_TIMEOUT = 3.0
 
 
+def _encode(doc: dict[str, Any]) -> bytes:
+    """The status record as stored: compact JSON."""
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
 def rank_state(returncode: int | None, hung: bool) -> str:
     """``running``, ``hung``, ``succeeded`` or ``failed``."""
     if returncode is None:
@@ -64,8 +69,7 @@ class StatusPublisher:
                  stragglers: StragglerMonitor | None = None, gpus: GpuSampler | None = None) -> None:
         self._plan = plan
         self._hangs = hangs
-        # Detection off, the agent holds a monitor that does nothing and has no totals.
-        self._stragglers = stragglers if hasattr(stragglers, "totals") else None
+        self._stragglers = stragglers if stragglers is not None and stragglers.enabled else None
         self._interval = interval
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -123,7 +127,7 @@ class StatusPublisher:
         with contextlib.suppress(Exception):
             doc = self._document(ended={"exit_code": exit_code, "at": round(time.time(), 3)})
             if doc is not None:
-                self._write(doc)
+                self._write(_encode(doc))
         if self._metrics is not None:
             self._metrics.close()
         with contextlib.suppress(Exception):
@@ -164,9 +168,10 @@ class StatusPublisher:
                 doc = self._document()
                 if doc is not None and not self._stopping:
                     self._latest = doc
-                    self._write(doc)
-                    self._publish_to_store(doc)
-                    self._publish_to_rendezvous(doc)
+                    data = _encode(doc)  # once: the file and both stores hold the same bytes
+                    self._write(data)
+                    self._publish_to_store(doc, data)
+                    self._publish_to_rendezvous(doc, data)
             except Exception:  # never let the job's view take the job down
                 log.debug("cannot publish the status", exc_info=True)
 
@@ -272,9 +277,8 @@ class StatusPublisher:
             return None
         return round((step[1] - before[0]) / (now - before[1]), 2)
 
-    def _write(self, doc: dict[str, Any]) -> None:
+    def _write(self, data: bytes) -> None:
         path = self._path or self._status_path()
-        data = json.dumps(doc, separators=(",", ":")).encode()
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # the last write comes from close()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -296,7 +300,7 @@ class StatusPublisher:
         self._path = os.path.join(directory, STATUS_FILE)
         return self._path
 
-    def _publish_to_store(self, doc: dict[str, Any]) -> None:
+    def _publish_to_store(self, doc: dict[str, Any], data: bytes) -> None:
         store = doc["store"]
         if store is None:
             return
@@ -314,14 +318,14 @@ class StatusPublisher:
                     store.close()
                     return
                 self._store, self._store_address = store, address
-            self._store.set(store_key(doc["run_id"], doc["group_rank"]), json.dumps(doc).encode())
+            self._store.set(store_key(doc["run_id"], doc["group_rank"]), data)
         except Exception as exc:  # the round's store goes away when the round ends
             log.debug("cannot publish the status to the store: %s", exc)
             if self._store is not None:
                 self._store.close()
             self._store = None
 
-    def _publish_to_rendezvous(self, doc: dict[str, Any]) -> None:
+    def _publish_to_rendezvous(self, doc: dict[str, Any], data: bytes) -> None:
         """The record into the rendezvous's own store too (c10d's, etcd), below the round's agent
         keys (:func:`~launcher.status.settings.rendezvous_status_key`): ``launcher status
         --rdzv-endpoint`` reads it there from any host the rendezvous admits, with the job's
@@ -334,7 +338,6 @@ class StatusPublisher:
         if not isinstance(info.store, RoundStore):  # static, torch's handlers: no round keys to read
             return
         try:
-            info.store.set(RENDEZVOUS_STATUS_KEY.format(group_rank=doc["group_rank"]),
-                           json.dumps(doc, separators=(",", ":")).encode())
+            info.store.set(RENDEZVOUS_STATUS_KEY.format(group_rank=doc["group_rank"]), data)
         except Exception as exc:  # the store is the rendezvous's: its own errors are its to report
             log.debug("cannot publish the status to the rendezvous store: %s", exc)

@@ -83,6 +83,9 @@ def _private_dir() -> str:
 class StragglerMonitor:
     """Straggler detection for one agent (see the module docstring)."""
 
+    #: Detection is on (:class:`launcher.stragglers.settings._NoMonitor` says ``False``).
+    enabled = True
+
     def __init__(self, settings: StragglerSettings, *, node: str, run_id: str,
                  emit: Callable[..., None] | None = None, out: Any = None) -> None:
         self.settings = settings

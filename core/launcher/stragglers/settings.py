@@ -134,6 +134,9 @@ FLAGS: FlagGroup[StragglerSettings] = FlagGroup(
 class _NoMonitor:
     """Detection off: :meth:`attach` leaves the workers as they are."""
 
+    #: Detection is off (``launcher status`` shows no slow ranks and no step rates).
+    enabled = False
+
     def attach(self, envs: Any, group: Any, info: Any, *, kept: bool = False) -> None:
         return None
 
