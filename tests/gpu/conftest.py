@@ -27,3 +27,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for row in lane.RECORDED:
         detail = ", ".join(f"{k}={v}" for k, v in sorted(row.items()) if k not in ("figure", "seconds"))
         terminalreporter.write_line(f"{row['figure']:<48} {row['seconds']:8.3f}  {detail}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which launcher the lane tests (benchmarks/gpu_lane.py runs them against the installed wheel)."""
+    import launcher
+
+    return f"launcher from {launcher.__file__}; CUDA devices torch sees: {lane.cuda_devices()}"

@@ -5,8 +5,13 @@ rather than fails where torch sees no GPU.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+import subprocess
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -78,3 +83,56 @@ def test_the_stalled_rank_mode_is_reported_as_the_gpu_test_expects(tmp_path):
     assert lane.first(lane.stamps(stamps), "stalling") is not None, result.stderr[-3000:]
     assert result.returncode != 0
     assert re.search(r"^  rank 1: mode_hang \(gpu_job\.py:\d+\)", result.stderr, re.M), result.stderr[-4000:]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_benchmark(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_lane_{name}", ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(200)
+def test_without_a_gpu_the_figure_scripts_say_so_and_bad_input_is_one_line(tmp_path):
+    if lane.cuda_devices():
+        pytest.skip("a GPU is here: the figure scripts measure rather than skip")
+    figures = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_figures.py"), "--json",
+                              str(tmp_path / "f.json")], capture_output=True, text=True, timeout=120)
+    assert figures.returncode == 0 and "skipped: torch" in figures.stdout, figures.stdout + figures.stderr
+    assert "sees no CUDA device" in json.loads((tmp_path / "f.json").read_text())["skipped"]
+    bench = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_stragglers.py"), "--json",
+                            str(tmp_path / "b.json")], capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 0 and "needs a GPU" in bench.stdout, bench.stdout + bench.stderr
+    assert "skipped" in json.loads((tmp_path / "b.json").read_text())
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_figures.py"), "--only", "speed"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and "--only takes start" in bad.stderr, bad
+
+
+def test_the_figures_table_puts_launcher_beside_torchrun():
+    figures = load_benchmark("gpu_figures")
+    found = {lane.START.format("launcher"): {"seconds": 4.0}, lane.START.format("torchrun"): {"seconds": 8.0},
+             lane.RESTART.format("launcher --preload torch"): {"seconds": 1.0},
+             lane.IN_PLACE: {"seconds": 0.5},
+             "overhead": {"results": {"2048": {"plain_ms": 2.0, "timed_ms": 2.01, "overhead_percent": 0.5}}}}
+    lines = figures.table(found, "header")
+    assert lines[0] == "header"
+    assert re.search(r"^start -> every rank's first all_reduce \(s\) +4\.000 +8\.000 +0\.50x$", "\n".join(lines), re.M)
+    # No torchrun restart measured: its column says so rather than inventing a ratio.
+    assert re.search(r"--preload torch +1\.000 +- +-$", "\n".join(lines), re.M), lines
+    assert "straggler timing, DDP Linear(2048) step: 2.000 -> 2.010 ms (+0.50 %; budget 1 %)" in lines
+
+
+@pytest.mark.timeout(300)
+def test_the_lane_builds_its_wheel_and_installs_it_alone(tmp_path):
+    pytest.importorskip("setuptools")
+    gpu_lane = load_benchmark("gpu_lane")
+    wheel = gpu_lane.build_wheel(tmp_path)
+    env = gpu_lane.install(wheel, tmp_path)  # raises unless import launcher finds the install
+    found = subprocess.run([sys.executable, "-c", "import launcher.stragglers.gpu_timeline as m; print(m.__file__)"],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip().startswith(str(tmp_path / "site")), found
