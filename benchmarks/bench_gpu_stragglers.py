@@ -16,7 +16,7 @@ and whether it is within 1 % (issue 38's budget). Without a CUDA device it says 
 
 Usage::
 
-    python benchmarks/bench_gpu_stragglers.py [--widths 2048,512] [--blocks 12] [--steps 20] [--json FILE]
+    python benchmarks/bench_gpu_stragglers.py [--widths 2048,512] [--blocks 15] [--steps 50] [--json FILE]
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def measure(widths: list[int], blocks: int, steps: int, cpu: bool) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", default="2048,512", help="Linear(width, width) models, comma list")
-    parser.add_argument("--blocks", type=int, default=12, help="blocks of each model, alternating")
-    parser.add_argument("--steps", type=int, default=20, help="DDP steps a block")
+    parser.add_argument("--blocks", type=int, default=15, help="blocks of each model, alternating")
+    parser.add_argument("--steps", type=int, default=50, help="DDP steps a block")
     parser.add_argument("--cpu", action="store_true", help="gloo on CPU tensors (the host-clock path): a try-out")
     parser.add_argument("--json", help="also write the results to this file")
     options = parser.parse_args()
