@@ -112,7 +112,7 @@ def run_tests(env: dict[str, str], out: Path) -> dict[str, object]:
     (out / "figures.jsonl").unlink(missing_ok=True)
     log = out / "pytest.log"
     result = run("pytest", [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider",
-                            "-q", "-rs", "-s"], cwd=ROOT, env=env, log=log)
+                            "-rs", "-s"], cwd=ROOT, env=env, log=log)
     text = log.read_text()
     tail = [line for line in text.splitlines() if line.strip()][-30:]
     print("\n".join(tail), flush=True)
