@@ -3,12 +3,15 @@
 Written by hand to NVML's documented shapes and return codes (nvml.h), not captured from a machine:
 no GPU was at hand. ``HEALTHY`` stands for two A100-like devices; the others are the same devices
 with one fault each. On a GPU machine, ``record_nvml(CtypesNvml())`` gives a real capture to put
-beside them.
+beside them: the GPU lane (``benchmarks/gpu_lane.py``) writes one to ``nvml_capture.json`` in its
+results, and every ``captures/*.json`` here is replayed by ``test_gpu_check.py`` (:func:`captured`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 _A100 = {
@@ -51,3 +54,19 @@ NO_ECC = {
 }
 #: The library loads, but no driver is loaded (NVML_ERROR_DRIVER_NOT_LOADED, 9).
 NO_DRIVER = {"init": 9, "devices": []}
+#: One H100 80GB as the notes of a session on such a machine describe its answers (transcribed,
+#: not captured): ECC 0, retired pages not supported (3: an H100 remaps rows instead), no row
+#: remapping pending or failed.
+H100_NOTES = {
+    "init": 0,
+    "devices": [{"handle": [0, 0], "uuid": [0, "GPU-00000000-0000-0000-0000-00000000h100"],
+                 "uncorrectable_ecc_errors": [0, 0], "retired_pages_pending": [3, False],
+                 "remapped_rows": [0, [False, False]]}],
+}
+#: Real machines' answers, as the GPU lane captured them (``record_nvml(CtypesNvml())``).
+CAPTURES = Path(__file__).resolve().parent / "captures"
+
+
+def captured() -> dict[str, dict[str, Any]]:
+    """Every capture kept in :data:`CAPTURES`, by file name (without ``.json``)."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(CAPTURES.glob("*.json"))}

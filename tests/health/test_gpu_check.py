@@ -114,3 +114,15 @@ def test_real_library_when_present():
     result = gpu_check()(CheckContext(node="n"))
     assert result.status in (HEALTHY, SICK, SKIPPED)
     print(result)
+
+
+@pytest.mark.parametrize("name", ["h100-notes", *nvml_answers.captured()])
+def test_a_healthy_real_machine_s_answers_are_healthy(name):
+    """Real machines' answers (captured by the GPU lane, or transcribed) replayed: healthy, every
+    device counted, nothing a GPU does not support taken for a fault."""
+    answers = nvml_answers.H100_NOTES if name == "h100-notes" else nvml_answers.captured()[name]
+    count = len(answers["devices"])
+    result, nvml = _check(answers, device_kind="gpu", nproc_per_node=count)
+    assert result.status == HEALTHY, (name, result.reason)
+    result, _ = _check(answers, device_kind="gpu", nproc_per_node=count + 1)
+    assert result.status == SICK and f"{count} GPU(s) visible to NVML, {count + 1} expected" in result.reason

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from launcher.slot_table import SlotTable
 from launcher.stragglers.timing import SLOT_SIZE
 
-_SLOT = struct.Struct("<ddqqqd")
+_SLOT = struct.Struct("<ddqqqdqq")
 
 
 class RankTotals(NamedTuple):
@@ -30,15 +30,26 @@ class RankTotals(NamedTuple):
     steps: int
     #: CLOCK_MONOTONIC of the last one.
     step_time: float
+    #: Of ``collectives``, those timed on the GPU's timeline (CUDA events: NCCL, gloo on CUDA tensors).
+    gpu_collectives: int = 0
+    #: Collectives timed on the GPU, queued, whose events the GPU has not reached yet.
+    gpu_pending: int = 0
 
     def wait_at(self, now: float) -> float:
         """Seconds in collectives up to ``now``, the one in progress included."""
         return self.wait + (max(0.0, now - self.entered) if self.entered else 0.0)
 
     @property
+    def clock(self) -> str:
+        """What timed this rank's collectives: ``"gpu"``, ``"host"``, ``"both"`` or ``""`` (none yet)."""
+        gpu = self.gpu_collectives > 0 or self.gpu_pending > 0
+        host = self.collectives > self.gpu_collectives or self.entered > 0
+        return "both" if gpu and host else "gpu" if gpu else "host" if host else ""
+
+    @property
     def active(self) -> bool:
         """Whether the rank has measured anything yet (a collective, or a step)."""
-        return self.collectives > 0 or self.entered > 0 or self.steps > 0
+        return self.collectives > 0 or self.entered > 0 or self.steps > 0 or self.gpu_pending > 0
 
 
 class TimingTable(SlotTable):

@@ -24,18 +24,32 @@ wraps, in place:
   backward pass is the time from the launch of its last bucket (the end of this rank's backward
   compute) to that bucket's result.
 
+Which clock times a collective depends on where its data lives. On CPU tensors (gloo) a blocking
+collective returns when it is over: two ``time.monotonic()`` calls around it. On CUDA tensors
+(NCCL, or gloo on CUDA tensors) a collective returns once queued, so the wall clock measures
+nothing: timing events on the GPU's timeline measure it, read once complete, without
+synchronizing anything (:mod:`launcher.stragglers.gpu_timeline`, loaded at the first collective
+on a CUDA tensor). A collective without a tensor (``barrier``) blocks the host: the wall clock.
+Either way ``wait`` is the time inside collectives and ``work`` (the agent's wall clock less
+``wait``) the time outside them.
+
 Slot layout (little-endian, :data:`SLOT_SIZE` bytes; the agent reads it with
 :mod:`launcher.stragglers.slots`)::
 
-    0   float64  seconds spent in finished collectives
-    8   float64  start of the collective in progress, CLOCK_MONOTONIC (0: none)
-    16  int64    collectives finished
+    0   float64  seconds spent in finished collectives (both clocks)
+    8   float64  start of the host-timed collective in progress, CLOCK_MONOTONIC (0: none)
+    16  int64    collectives finished (both clocks)
     24  int64    last step given to launcher.heartbeat(step) (while the next field is 0: none)
     32  int64    heartbeat(step) calls
     40  float64  CLOCK_MONOTONIC of the last heartbeat(step)
+    48  int64    of the collectives finished, those timed on the GPU's timeline
+    56  int64    collectives timed on the GPU, queued, their events not complete yet
 
-Each collective costs two ``time.monotonic()`` calls (vDSO, no system call) and two stores into
-the mapped page: no lock, no system call. Only the worker process itself writes (its pid is
+A GPU-timed collective enters the first and third fields once its events completed (seen at the
+rank's next timed collective or ``heartbeat(step)``): it is never "in progress" at offset 8.
+A host-timed collective costs two ``time.monotonic()`` calls (vDSO, no system call) and two
+stores into the mapped page; a GPU-timed one two event records and one query per event pair
+read: no lock, no system call of launcher's own. Only the worker process itself writes (its pid is
 recorded in :data:`STRAGGLER_PID_ENV` at start-up; data-loader workers and other children
 inherit it, find it is not theirs, and stay out).
 
@@ -67,6 +81,11 @@ _ENTER = struct.Struct("<d")
 _ENTER_OFFSET = 8
 _STEP = struct.Struct("<qqd")
 _STEP_OFFSET = 24
+_WAIT = struct.Struct("<d")
+_COUNT = struct.Struct("<q")
+_COUNT_OFFSET = 16
+_GPU = struct.Struct("<qq")  # GPU-timed collectives finished, pending
+_GPU_OFFSET = 48
 
 #: The blocking collectives of torch.distributed (name: wrapped when present in this torch).
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -77,18 +96,24 @@ _monotonic = time.monotonic
 #: ``None`` before the first use; ``()`` when off; ``(page, offset)`` when on.
 _state: Any = None
 _mapping: Any = None
-#: Running totals of this process (mirrored into the slot).
+#: Running totals of this process's host-timed collectives (the slot holds these plus the GPU's).
 _wait = 0.0
 _count = 0
+#: The GPU's timeline (:class:`launcher.stragglers.gpu_timeline.EventTimeline`): ``None`` before
+#: the first collective on a CUDA tensor, ``False`` where it cannot be had.
+_timeline: Any = None
+#: The name the GPU timeline's module is loaded under in the worker.
+_GPU_MODULE = "_launcher_straggler_gpu_timeline"
 _steps = 0
 #: Nesting depth: a collective built on others (all_gather_object) is timed once, outermost.
 _depth = 0
 
 
 def _forget_in_child():
-    global _state, _mapping
+    global _state, _mapping, _timeline
     _state = None
     _mapping = None
+    _timeline = None
 
 
 def _open():
@@ -148,7 +173,125 @@ def leave(start):
         return
     _wait += _monotonic() - start
     _count += 1
-    _DONE.pack_into(state[0], state[1], _wait, 0.0, _count)
+    timeline = _timeline
+    if timeline:
+        _DONE.pack_into(state[0], state[1], _wait + timeline.seconds, 0.0, _count + timeline.count)
+    else:
+        _DONE.pack_into(state[0], state[1], _wait, 0.0, _count)
+
+
+def _gpu_timeline():
+    """This process's :class:`~launcher.stragglers.gpu_timeline.EventTimeline` (``None``: not measuring,
+    or no CUDA timing events here)."""
+    global _timeline
+    state = _state if _state is not None else _open()
+    if not state:
+        return None
+    if _timeline is None:
+        _timeline = False
+        try:
+            module = sys.modules.get(_GPU_MODULE)
+            if module is None:
+                import importlib.util
+
+                # Beside this file: the worker may not have launcher importable (see the docstring).
+                path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_timeline.py")
+                spec = importlib.util.spec_from_file_location(_GPU_MODULE, path)
+                if spec is None or spec.loader is None:
+                    raise ImportError("no module at " + path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[_GPU_MODULE] = module
+                spec.loader.exec_module(module)
+            _timeline = module.EventTimeline(module.CudaClock())
+        except Exception as exc:  # measuring must never break training
+            sys.stderr.write("launcher: cannot time collectives on the GPU: " + str(exc) + "\n")
+    return _timeline or None
+
+
+def _publish_gpu(timeline):
+    """Read the GPU's completed events into the slot (nothing waits for the pending ones)."""
+    state = _state
+    if not state:
+        return
+    if timeline.collect():
+        page, offset = state
+        _WAIT.pack_into(page, offset, _wait + timeline.seconds)
+        _COUNT.pack_into(page, offset + _COUNT_OFFSET, _count + timeline.count)
+    _GPU.pack_into(state[0], state[1] + _GPU_OFFSET, timeline.count, timeline.pending)
+
+
+def gpu_begin(timeline):
+    """A blocking collective on CUDA tensors is about to be queued: a token for :func:`gpu_end`
+    (``None`` when not timed: inside another timed collective, a graph capture, too many pending).
+    ``timeline``: :func:`_gpu_timeline`'s."""
+    global _depth
+    if _depth:
+        return None
+    token = _gpu_start(timeline)
+    if token is not None:
+        _depth = 1
+    return token
+
+
+def gpu_end(token, queued=True):
+    """The collective begun with ``token`` was queued (``queued``: False when it raised); the
+    stream current now waits for its result."""
+    global _depth
+    if token is not None:
+        _depth = 0
+        _gpu_stop(_timeline, token, queued)
+
+
+def _gpu_start(timeline):
+    """Read the events of earlier collectives that completed meanwhile; mark a start on the current stream."""
+    try:
+        _publish_gpu(timeline)
+        return timeline.begin()
+    except Exception as exc:
+        _give_up_gpu(exc)
+        return None
+
+
+def _gpu_stop(timeline, token, queued=True):
+    """Mark the end of the collective begun with ``token`` on the current stream."""
+    state = _state
+    if token is None or not timeline or not state:
+        return
+    try:
+        if queued:
+            timeline.end(token)
+        else:
+            timeline.cancel(token)
+        _GPU.pack_into(state[0], state[1] + _GPU_OFFSET, timeline.count, timeline.pending)
+    except Exception as exc:
+        _give_up_gpu(exc)
+
+
+def _bucket_begin(tensor):
+    """Time the all-reduce of DDP's last bucket ``tensor``: on the GPU's timeline for a CUDA
+    bucket, else on the wall clock. A mark for :func:`_bucket_end`."""
+    if getattr(tensor, "is_cuda", False) is True:
+        timeline = _gpu_timeline()
+        if timeline is not None:
+            return timeline, _gpu_start(timeline)
+    return None, enter()
+
+
+def _bucket_end(mark, queued=True):
+    """The bucket's all-reduce begun at ``mark`` is over: for a CUDA bucket, called in the
+    future's ``then`` callback, whose current stream waits for the result (the end event goes
+    there); or it never was queued (``queued`` False)."""
+    timeline, token = mark
+    if timeline is None:
+        leave(token)
+    else:
+        _gpu_stop(timeline, token, queued)
+
+
+def _give_up_gpu(exc):
+    global _timeline
+    _timeline = False
+    sys.stderr.write("launcher: stopped timing collectives on the GPU: " + str(exc) + "\n")
 
 
 def record_step(step):
@@ -158,6 +301,12 @@ def record_step(step):
     if state:
         _steps += 1
         _STEP.pack_into(state[0], state[1] + _STEP_OFFSET, int(step), _steps, _monotonic())
+        timeline = _timeline
+        if timeline:
+            try:
+                _publish_gpu(timeline)
+            except Exception as exc:
+                _give_up_gpu(exc)
 
 
 def _timed(function, async_index):
@@ -167,6 +316,16 @@ def _timed(function, async_index):
     def timed(*args, **kwargs):
         if kwargs.get("async_op") or (async_index is not None and len(args) > async_index and args[async_index]):
             return function(*args, **kwargs)
+        timeline = _gpu_timeline() if not _depth and _on_cuda(args, kwargs) else None
+        if timeline is not None:
+            token = gpu_begin(timeline)
+            try:
+                result = function(*args, **kwargs)
+            except BaseException:
+                gpu_end(token, queued=False)
+                raise
+            gpu_end(token)
+            return result
         start = enter()
         try:
             return function(*args, **kwargs)
@@ -175,6 +334,18 @@ def _timed(function, async_index):
 
     timed.__dict__["_launcher_timed"] = True
     return timed
+
+
+#: Where a collective's first tensor (or list of them) is passed by keyword.
+_TENSOR_KEYWORDS = ("tensor", "output_tensor", "output", "tensor_list", "output_tensor_list")
+
+
+def _on_cuda(args, kwargs):
+    """Whether a collective's data are CUDA tensors (its first tensor argument, or the first of a list)."""
+    value = args[0] if args else next((kwargs[k] for k in _TENSOR_KEYWORDS if k in kwargs), None)
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return getattr(value, "is_cuda", False) is True
 
 
 def _async_index(function):
@@ -207,15 +378,15 @@ def _timed_hook(hook):
     def timed_hook(state, bucket):
         if not bucket.is_last():
             return hook(state, bucket)
-        start = enter()
+        mark = _bucket_begin(bucket.buffer())
         try:
             future = hook(state, bucket)
         except BaseException:
-            leave(start)
+            _bucket_end(mark, queued=False)
             raise
 
         def done(result):
-            leave(start)
+            _bucket_end(mark)
             return result.value()
 
         return future.then(done)
@@ -234,19 +405,17 @@ def _mean_allreduce_hook(process_group, bucket):
     group = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
-    last = bucket.is_last()
-    start = enter() if last else 0.0
+    if not bucket.is_last():
+        return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(_first_tensor)
+    mark = _bucket_begin(tensor)
     try:
         future = dist.all_reduce(tensor, group=group, async_op=True).get_future()
     except BaseException:
-        if last:
-            leave(start)
+        _bucket_end(mark, queued=False)
         raise
-    if not last:
-        return future.then(_first_tensor)
 
     def done(result):
-        leave(start)
+        _bucket_end(mark)
         return result.value()[0]
 
     return future.then(done)
