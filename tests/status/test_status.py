@@ -9,12 +9,13 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 import pytest
 
 from tests.conftest import LAUNCHER, launcher_env
-from tests.status.jobs import Job, status, wait_for
+from tests.status.jobs import WORKER, Job, status, wait_for
 from tests.status.schema_check import errors, schema_from_doc
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "status.md"
@@ -188,3 +189,50 @@ def test_a_job_whose_agent_was_killed_is_not_shown_as_running(start_job):
         assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result
     result = status(job.log_dir)
     assert f"its agent (pid {job.process.pid}) is gone without saying how it ended" in result.stderr, result
+
+
+@pytest.mark.timeout(180)
+def test_the_pid_of_a_wrapper_shows_the_agent_below_it_or_names_several(write_script, tmp_path):
+    # `timeout 600 launcher ... &` then `$!`, or srun: the pid a user holds is the wrapper's.
+    script = write_script("worker.py", WORKER)
+    go = tmp_path / "go"
+
+    def agent_line(name: str) -> str:
+        ready = tmp_path / name
+        return " ".join(quote(a) for a in [*LAUNCHER, "--standalone", "--nproc-per-node", "1", "--log-dir",
+                                           str(tmp_path / f"logs_{name}"), script, str(ready), str(go)])
+
+    wrappers = {
+        "one": subprocess.Popen(["timeout", "300", "sh", "-c", agent_line("one")], env=launcher_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        "two": subprocess.Popen(["sh", "-c", f"{agent_line('a')} & {agent_line('b')} & wait"], env=launcher_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    }
+    try:
+        for name in ("one", "a", "b"):
+            wait_for(lambda n=name: Path(f"{tmp_path / n}.0.0").exists(), f"the rank of job {name}")
+        worker = int(Path(f"{tmp_path / 'one'}.0.0").read_text())
+        one = wrappers["one"].pid
+        # Exactly one agent below: its status, and one line on stderr saying whose it is.
+        result = wait_for(lambda: (r := status(str(one), "--json")).returncode == 0 and r, "the wrapped agent's status")
+        doc = json.loads(result.stdout)
+        agent = doc["nodes"][0]["agent_pid"]
+        assert agent != one and [r["pid"] for r in doc["ranks"]] == [worker], doc
+        assert result.stderr.splitlines() == [
+            f"launcher: process {one} is not a launcher agent; showing the one below it, pid {agent}"], result
+        assert str(worker) in status(str(one)).stdout
+        # Several: bad input naming each of them, one line, exit 2.
+        two = wrappers["two"].pid
+        result = wait_for(lambda: (r := status(str(two))).returncode == 2 and r, "both agents publishing")
+        assert len(result.stderr.splitlines()) == 1 and "2 agents run below it" in result.stderr, result
+        agents = result.stderr.split("(pids ", 1)[1].split(")", 1)[0].split(", ")
+        for pid in agents:
+            assert status(pid).returncode == 0, pid
+    finally:
+        go.touch()
+        for wrapper in wrappers.values():
+            try:
+                wrapper.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                wrapper.kill()
+                wrapper.wait()
