@@ -141,3 +141,32 @@ def test_watch_rules(tmp_path):
         page.close()
     finally:
         table.close()
+
+
+def test_a_rank_told_to_beat_that_never_does_is_reported_not_judged(tmp_path):
+    """Before its first beat a rank is never hung, but how long it has gone without one is known."""
+    from launcher.hangs.heartbeat import _BEAT, SLOT_SIZE
+
+    path = str(tmp_path / "beats")
+    table = HeartbeatTable(path, 2)
+    clock = Clock()
+    with open(path, "r+b") as handle:
+        import mmap
+
+        page = mmap.mmap(handle.fileno(), 2 * SLOT_SIZE)
+    try:
+        watch = HangWatch(table, 5.0, clock=clock)
+        assert [s.waiting for s in watch.progress()] == [None, None]  # not started: nothing to count from
+        watch.started(0)
+        watch.started(1)
+        clock.now += 3600.0  # far past the timeout: still not hung
+        states = watch.progress()
+        assert [(s.hung, s.waiting) for s in states] == [(False, 3600.0), (False, 3600.0)]
+        assert states[0].describe() == "no heartbeat yet after 3600 s"
+        _BEAT.pack_into(page, SLOT_SIZE, clock.now - 0.5)  # rank 1 beats: watched from now on
+        states = watch.progress()
+        assert states[1].waiting is None and states[1].describe() == "last heartbeat 0.5 s ago"
+        assert states[0].waiting == 3600.0
+        page.close()
+    finally:
+        table.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -236,3 +238,51 @@ def test_the_pid_of_a_wrapper_shows_the_agent_below_it_or_names_several(write_sc
             except subprocess.TimeoutExpired:
                 wrapper.kill()
                 wrapper.wait()
+
+
+SILENT = """
+import os, sys, time
+import launcher
+
+ready, go = sys.argv[1], sys.argv[2]
+open(f"{ready}.{os.environ['RANK']}", "w").write(str(os.getpid()))
+end = time.monotonic() + 90
+while not os.path.exists(go) and time.monotonic() < end:
+    if os.environ["RANK"] == "0":  # rank 1 was told to beat (--hang-timeout) and never does
+        launcher.heartbeat()
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_that_never_beats_says_so_in_status_report_and_log(write_script, tmp_path):
+    from tests.background_job import BackgroundJob
+
+    ready = tmp_path / "ready"
+    job = BackgroundJob(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--log-dir",
+                         str(tmp_path / "logs"), write_script("silent.py", SILENT), str(ready), str(tmp_path / "go")],
+                        tmp_path / "go")
+    try:
+        pids = job.wait_for_ranks([Path(f"{ready}.0"), Path(f"{ready}.1")], "the ranks")
+        silent_pid = pids[Path(f"{ready}.1")]
+        # --json: rank 0's heartbeat age, rank 1's wait for its first, past the timeout and not hung.
+        doc = status_json(str(job.process.pid), lambda d: (d["ranks"][1]["no_heartbeat_yet_s"] or 0) > 1.5
+                          and d["ranks"][0]["heartbeat_age_s"] is not None, "rank 1 waiting past the timeout")
+        assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
+        beating, silent = doc["ranks"]
+        assert beating["no_heartbeat_yet_s"] is None and silent["heartbeat_age_s"] is None, doc
+        assert silent["state"] == "running" and doc["job"]["hung_ranks"] == [], doc
+        # The table says it in words.
+        text = status(str(job.process.pid)).stdout
+        rows = {line.split()[1]: line for line in text.splitlines()[2:]}
+        assert re.search(r"no heartbeat yet after \d+s", rows["1"]) and " ago" in rows["0"], text
+        # A report of every rank's stacks (SIGUSR2) names it the same way.
+        job.process.send_signal(signal.SIGUSR2)
+        wait_for(lambda: list((tmp_path / "logs").rglob("stacks_attempt_0_1.txt")), "the on-demand stacks file")
+    finally:
+        code, stderr = job.finish()
+    assert code == 0, stderr
+    assert re.search(rf"rank 1 on \S+ \(local rank 1, pid {silent_pid}\): no heartbeat yet after \d+ s", stderr), stderr
+    # And the agent warned once that rank 1 is not watched, never about rank 0.
+    warnings = [line for line in stderr.splitlines() if "no heartbeat yet after" in line and "not watched" in line]
+    assert len(warnings) == 1 and f"rank 1 (local rank 1, pid {silent_pid})" in warnings[0], stderr

@@ -213,7 +213,8 @@ def job_status(target: str, *, cpu_sample: float = CPU_SAMPLE_S) -> dict[str, An
 
 
 #: Fields of a rank's row that records of an older agent may lack, and what they mean then.
-_ROW_DEFAULTS = {"step": None, "steps_per_s": None, "gpu": None, "gpu_util_percent": None, "gpu_memory_bytes": None}
+_ROW_DEFAULTS = {"no_heartbeat_yet_s": None, "step": None, "steps_per_s": None, "gpu": None, "gpu_util_percent": None,
+                 "gpu_memory_bytes": None}
 
 
 def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | None, *,
@@ -229,8 +230,9 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
                       "status_age_s": round(age, 3), "local": doc is local})
         for rank in doc["ranks"]:
             row = {"node": doc["node"], "group_rank": doc["group_rank"], **_ROW_DEFAULTS, **rank}
-            if row["heartbeat_age_s"] is not None:
-                row["heartbeat_age_s"] = round(row["heartbeat_age_s"] + age, 3)
+            for field in ("heartbeat_age_s", "no_heartbeat_yet_s"):  # both as of now, not of the record
+                if row[field] is not None:
+                    row[field] = round(row[field] + age, 3)
             if doc is local and row["pid"] in fresh:
                 row["cpu_percent"], row["rss_bytes"] = fresh[row["pid"]]
             ranks.append(row)
