@@ -170,3 +170,48 @@ def test_a_rank_told_to_beat_that_never_does_is_reported_not_judged(tmp_path):
         page.close()
     finally:
         table.close()
+
+
+def test_a_beat_that_goes_nowhere_says_why_once_and_an_unmapped_slot_is_tried_again(tmp_path):
+    """A process told to beat whose pid record is not its own nor a parent's, or whose slot cannot be
+    mapped, says so on stderr (once); a child of the worker stays silent; a missing file is retried."""
+    path = tmp_path / "beats"
+    source = """
+        import os, sys
+        import launcher
+        from launcher.hangs import heartbeat as hb
+        hb.RETRY_INTERVAL = 0.0  # the next call tries again at once
+        for _ in range(3):
+            launcher.heartbeat()
+        print("mapped" if hb._state else "unmapped")
+        if sys.argv[1:] == ["create"]:
+            with open(os.environ["LAUNCHER_HEARTBEAT_FILE"], "wb") as handle:
+                handle.write(bytes(64))
+            launcher.heartbeat()
+            print("mapped" if hb._state else "unmapped")
+        if sys.argv[1:] == ["child"]:
+            pid = os.fork()
+            if pid == 0:
+                launcher.heartbeat()
+                os._exit(0 if not hb._state else 1)
+            print("child", os.waitpid(pid, 0)[1])
+        """
+
+    def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args], env=launcher_env(env),
+                              capture_output=True, text=True, timeout=60)
+
+    beats = {HEARTBEAT_FILE_ENV: str(path), HEARTBEAT_SLOT_ENV: "0"}
+    # Not its own pid, nor a parent's: one line naming the variable.
+    stranger = run({**beats, "LAUNCHER_HEARTBEAT_PID": "999999999"})
+    assert stranger.stdout.split() == ["unmapped"], stranger
+    lines = stranger.stderr.splitlines()
+    assert len(lines) == 1 and "LAUNCHER_HEARTBEAT_PID='999999999'" in lines[0] and "does nothing" in lines[0], lines
+    # The file is missing at first: said once, tried again at each call, mapped once it exists.
+    late = run(beats, "create")
+    assert late.stdout.split() == ["unmapped", "mapped"], late
+    assert len(late.stderr.splitlines()) == 1 and "cannot map slot 0" in late.stderr, late
+    assert path.read_bytes() != bytes(64)
+    # A forked child of the worker (a data-loader worker) does nothing and says nothing.
+    child = run(beats, "child")
+    assert child.stdout.split() == ["mapped", "child", "0"] and child.stderr == "", child
