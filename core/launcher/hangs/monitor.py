@@ -268,8 +268,11 @@ class HangMonitor:
         return None
 
     def _warn_silent(self, states: list[RankProgress]) -> None:
-        """Once per rank and attempt: a running rank that has sent no heartbeat for the hang
-        timeout since it started is not watched (never judged hung, see docs/hangs.md): say so."""
+        """Once per rank and attempt, in one line per check: the running ranks that have sent no
+        heartbeat for the hang timeout since they started are not watched (never judged hung, see
+        docs/hangs.md): say so."""
+        named = []
+        waited = 0.0
         for state in states:
             if state.waiting is None or state.waiting < self.timeout or state.local_rank in self._silent_warned:
                 continue
@@ -279,10 +282,15 @@ class HangMonitor:
             slot = self._slot(state.local_rank)
             rank = slot.global_rank if slot is not None else state.local_rank
             pid = slot.process.pid if slot is not None and slot.process is not None else None
-            what = "heartbeat or output line" if self.output else "heartbeat"
-            log.warning("rank %d (local rank %d, pid %s): no %s yet after %.0f s: it is not watched for hangs until "
-                        "it calls launcher.heartbeat()%s", rank, state.local_rank, pid, what, state.waiting,
-                        "" if self.output else " (or give --hang-watch output)")
+            named.append(f"rank {rank} (local rank {state.local_rank}, pid {pid})")
+            waited = max(waited, state.waiting)
+        if not named:
+            return
+        what = "heartbeat or output line" if self.output else "heartbeat"
+        who = named[0] if len(named) == 1 else f"{len(named)} ranks, {', '.join(named)}"
+        log.warning("%s: no %s yet after %.0f s: not watched for hangs until %s launcher.heartbeat()%s", who, what,
+                    waited, "it calls" if len(named) == 1 else "they call",
+                    "" if self.output else " (or give --hang-watch output)")
 
     def dump_on_demand(self) -> HangReport | None:
         """Take and print every local rank's stacks now, without stopping anything."""
