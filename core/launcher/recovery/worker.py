@@ -83,8 +83,6 @@ def teardown_distributed() -> None:
 
 
 _teardown_lock = threading.Lock()
-#: The threads aborting forgotten groups (the last few; for tests and ``wait_for_aborts``).
-_aborting: list[threading.Thread] = []
 #: The attributes of torch's ``_World`` that ``_abort_process_group()`` clears (torch 2.4 to 2.13).
 _WORLD_MAPS = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
                "pg_coalesce_state")
@@ -97,10 +95,9 @@ def _teardown() -> None:
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     forgotten = _forget_groups(c10d)
     if forgotten is not None:
-        thread = threading.Thread(target=_abort_groups, args=(c10d, *forgotten), name="launcher-recovery-abort",
-                                  daemon=True)
-        thread.start()
-        _aborting[:] = [t for t in _aborting if t.is_alive()] + [thread]
+        # A daemon: a process that ends meanwhile does not wait for NCCL's teardown either.
+        threading.Thread(target=_abort_groups, args=(c10d, *forgotten), name="launcher-recovery-abort",
+                         daemon=True).start()
         return
     abort = getattr(c10d, "_abort_process_group", None)
     try:
@@ -157,14 +154,6 @@ def _abort_groups(c10d: Any, groups: list[Any], default: Any) -> None:
             nccl._group_end()
     except Exception as exc:  # the groups are forgotten already: the next round makes new ones
         sys.stderr.write(f"launcher: aborting torch.distributed's process groups: {type(exc).__name__}: {exc}\n")
-
-
-def wait_for_aborts(timeout: float | None = None) -> bool:
-    """Wait until the process groups forgotten so far are aborted; whether they all are."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for thread in list(_aborting):
-        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    return not any(thread.is_alive() for thread in _aborting)
 
 
 class _Channel:
