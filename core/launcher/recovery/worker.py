@@ -74,16 +74,18 @@ def teardown_distributed() -> None:
     The groups are forgotten at once (a new ``init_process_group`` works as soon as this
     returns), and their aborts run on a daemon thread that nothing waits for: NCCL's abort
     (``ncclCommAbort``) sets its abort flag first, which is what releases the kernels and the
-    peers, then tears the communicator down, joining NCCL's own threads, about a second on one
-    H100 (``docs/recovery.md``). Where this torch lacks the internals that forgetting needs,
-    the abort is done here and waited for, as ``_abort_process_group()`` does.
+    peers, then tears the communicator down; waiting for all of it is the only NCCL-only step
+    of a recovery, which took a second more on one H100 than over gloo (``docs/recovery.md``).
+    Where this torch lacks the internals that forgetting needs, the abort is done here and
+    waited for, as ``_abort_process_group()`` does.
     """
     with _teardown_lock:
         _teardown()
 
 
 _teardown_lock = threading.Lock()
-#: The attributes of torch's ``_World`` that ``_abort_process_group()`` clears (torch 2.4 to 2.13).
+#: The attributes of torch's ``_World`` that ``_abort_process_group()`` clears (torch 2.13; a torch
+#: without one of them gets the waited-for abort).
 _WORLD_MAPS = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
                "pg_coalesce_state")
 
