@@ -141,3 +141,77 @@ def test_watch_rules(tmp_path):
         page.close()
     finally:
         table.close()
+
+
+def test_a_rank_told_to_beat_that_never_does_is_reported_not_judged(tmp_path):
+    """Before its first beat a rank is never hung, but how long it has gone without one is known."""
+    from launcher.hangs.heartbeat import _BEAT, SLOT_SIZE
+
+    path = str(tmp_path / "beats")
+    table = HeartbeatTable(path, 2)
+    clock = Clock()
+    with open(path, "r+b") as handle:
+        import mmap
+
+        page = mmap.mmap(handle.fileno(), 2 * SLOT_SIZE)
+    try:
+        watch = HangWatch(table, 5.0, clock=clock)
+        assert [s.waiting for s in watch.progress()] == [None, None]  # not started: nothing to count from
+        watch.started(0)
+        watch.started(1)
+        clock.now += 3600.0  # far past the timeout: still not hung
+        states = watch.progress()
+        assert [(s.hung, s.waiting) for s in states] == [(False, 3600.0), (False, 3600.0)]
+        assert states[0].describe() == "no heartbeat yet after 3600 s"
+        _BEAT.pack_into(page, SLOT_SIZE, clock.now - 0.5)  # rank 1 beats: watched from now on
+        states = watch.progress()
+        assert states[1].waiting is None and states[1].describe() == "last heartbeat 0.5 s ago"
+        assert states[0].waiting == 3600.0
+        page.close()
+    finally:
+        table.close()
+
+
+def test_a_beat_that_goes_nowhere_says_why_once_and_an_unmapped_slot_is_tried_again(tmp_path):
+    """A process told to beat whose pid record is not its own nor a parent's, or whose slot cannot be
+    mapped, says so on stderr (once); a child of the worker stays silent; a missing file is retried."""
+    path = tmp_path / "beats"
+    source = """
+        import os, sys
+        import launcher
+        from launcher.hangs import heartbeat as hb
+        hb.RETRY_INTERVAL = 0.0  # the next call tries again at once
+        for _ in range(3):
+            launcher.heartbeat()
+        print("mapped" if hb._state else "unmapped")
+        if sys.argv[1:] == ["create"]:
+            with open(os.environ["LAUNCHER_HEARTBEAT_FILE"], "wb") as handle:
+                handle.write(bytes(64))
+            launcher.heartbeat()
+            print("mapped" if hb._state else "unmapped")
+        if sys.argv[1:] == ["child"]:
+            pid = os.fork()
+            if pid == 0:
+                launcher.heartbeat()
+                os._exit(0 if not hb._state else 1)
+            print("child", os.waitpid(pid, 0)[1])
+        """
+
+    def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args], env=launcher_env(env),
+                              capture_output=True, text=True, timeout=60)
+
+    beats = {HEARTBEAT_FILE_ENV: str(path), HEARTBEAT_SLOT_ENV: "0"}
+    # Not its own pid, nor a parent's: one line naming the variable.
+    stranger = run({**beats, "LAUNCHER_HEARTBEAT_PID": "999999999"})
+    assert stranger.stdout.split() == ["unmapped"], stranger
+    lines = stranger.stderr.splitlines()
+    assert len(lines) == 1 and "LAUNCHER_HEARTBEAT_PID='999999999'" in lines[0] and "does nothing" in lines[0], lines
+    # The file is missing at first: said once, tried again at each call, mapped once it exists.
+    late = run(beats, "create")
+    assert late.stdout.split() == ["unmapped", "mapped"], late
+    assert len(late.stderr.splitlines()) == 1 and "cannot map slot 0" in late.stderr, late
+    assert path.read_bytes() != bytes(64)
+    # A forked child of the worker (a data-loader worker) does nothing and says nothing.
+    child = run(beats, "child")
+    assert child.stdout.split() == ["mapped", "child", "0"] and child.stderr == "", child

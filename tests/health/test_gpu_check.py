@@ -126,3 +126,21 @@ def test_a_healthy_real_machine_s_answers_are_healthy(name):
     assert result.status == HEALTHY, (name, result.reason)
     result, _ = _check(answers, device_kind="gpu", nproc_per_node=count + 1)
     assert result.status == SICK and f"{count} GPU(s) visible to NVML, {count + 1} expected" in result.reason
+
+
+def test_record_nvml_docstring_command_names_exported_functions():
+    # The docstring's one-liner star-imports the module: everything it calls must come with it.
+    import re
+
+    from launcher.health import nvml
+
+    command = re.search(r"python -c '(.*?)'", nvml.record_nvml.__doc__ or "")
+    assert command is not None, nvml.record_nvml.__doc__
+    namespace: dict[str, object] = {}
+    exec("from launcher.health.nvml import *", namespace)
+    called = set(re.findall(r"([A-Za-z_]\w*)\(", command.group(1))) - {"print"}
+    assert {"record_nvml", "CtypesNvml"} <= called, called
+    assert all(name in namespace for name in called - {"dumps"}), sorted(called - {"dumps"} - set(namespace))
+    # And what it writes replays: a recording of a recording is the same answers.
+    record = namespace["record_nvml"](RecordedNvml(nvml_answers.HEALTHY))  # type: ignore[operator]
+    assert namespace["record_nvml"](RecordedNvml(record)) == record  # type: ignore[operator]

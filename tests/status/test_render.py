@@ -15,7 +15,8 @@ def record(**changes: Any) -> dict[str, Any]:
     doc = {"run_id": 'job"1\\x\n', "node": "10.0.0.1_77_0", "round": 3, "restarts_used": 1, "restarts_left": 2,
            "recoveries_in_place": 1,
            "updated_at": 1000.0, "ranks": [rank, {**rank, "rank": 1, "local_rank": 1, "pid": 4243, "state": "hung",
-                                                  "heartbeat_age_s": None, "cpu_percent": None}]}
+                                                  "heartbeat_age_s": None, "no_heartbeat_yet_s": 7.0,
+                                                  "cpu_percent": None}]}
     doc.update(changes)
     return doc
 
@@ -31,11 +32,14 @@ def test_metrics_escape_labels_keep_every_digit_and_age_heartbeats_to_the_scrape
     assert f'launcher_rank_heartbeat_age_seconds{{{labels},rank="0",local_rank="0"}} 4.5' in text.splitlines()
     # A rank without a heartbeat has no sample, rather than a made-up 0.
     assert 'launcher_rank_heartbeat_age_seconds{' + labels + ',rank="1"' not in text
+    # ... but how long it has gone without one since it started, aged to the scrape too.
+    assert f'launcher_rank_no_heartbeat_yet_seconds{{{labels},rank="1",local_rank="1"}} 10' in text.splitlines()
+    assert 'launcher_rank_no_heartbeat_yet_seconds{' + labels + ',rank="0"' not in text
     assert f'launcher_rank_hung{{{labels},rank="1",local_rank="1"}} 1' in text.splitlines()
     # Every sample line is `name{labels} number`, every family has HELP and TYPE.
     for line in text.splitlines():
         assert line.startswith("# ") or re.fullmatch(r"[a-z_]+\{.*\} -?[0-9.e+]+", line), line
-    assert text.count("# TYPE ") == text.count("# HELP ") == 16
+    assert text.count("# TYPE ") == text.count("# HELP ") == 17
     # Straggler detection off: no straggler count, no per-rank flag (a made-up 0 would say "none").
     assert "launcher_stragglers{" not in text and "launcher_rank_slow{" not in text
     slow = metrics(record(straggler_detection=True, slow_ranks=[1]), hangs_seen=0, now=1003.0).splitlines()

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 import pytest
 
 from tests.conftest import LAUNCHER, launcher_env
-from tests.status.jobs import Job, status, wait_for
+from tests.status.jobs import WORKER, Job, status, wait_for
 from tests.status.schema_check import errors, schema_from_doc
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "status.md"
@@ -188,3 +191,98 @@ def test_a_job_whose_agent_was_killed_is_not_shown_as_running(start_job):
         assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result
     result = status(job.log_dir)
     assert f"its agent (pid {job.process.pid}) is gone without saying how it ended" in result.stderr, result
+
+
+@pytest.mark.timeout(180)
+def test_the_pid_of_a_wrapper_shows_the_agent_below_it_or_names_several(write_script, tmp_path):
+    # `timeout 600 launcher ... &` then `$!`, or srun: the pid a user holds is the wrapper's.
+    script = write_script("worker.py", WORKER)
+    go = tmp_path / "go"
+
+    def agent_line(name: str) -> str:
+        ready = tmp_path / name
+        return " ".join(quote(a) for a in [*LAUNCHER, "--standalone", "--nproc-per-node", "1", "--log-dir",
+                                           str(tmp_path / f"logs_{name}"), script, str(ready), str(go)])
+
+    wrappers = {
+        "one": subprocess.Popen(["timeout", "300", "sh", "-c", agent_line("one")], env=launcher_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        "two": subprocess.Popen(["sh", "-c", f"{agent_line('a')} & {agent_line('b')} & wait"], env=launcher_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    }
+    try:
+        for name in ("one", "a", "b"):
+            wait_for(lambda n=name: Path(f"{tmp_path / n}.0.0").exists(), f"the rank of job {name}")
+        worker = int(Path(f"{tmp_path / 'one'}.0.0").read_text())
+        one = wrappers["one"].pid
+        # Exactly one agent below: its status, and one line on stderr saying whose it is.
+        result = wait_for(lambda: (r := status(str(one), "--json")).returncode == 0 and r, "the wrapped agent's status")
+        doc = json.loads(result.stdout)
+        agent = doc["nodes"][0]["agent_pid"]
+        assert agent != one and [r["pid"] for r in doc["ranks"]] == [worker], doc
+        assert result.stderr.splitlines() == [
+            f"launcher: process {one} is not a launcher agent; showing the one below it, pid {agent}"], result
+        assert str(worker) in status(str(one)).stdout
+        # Several: bad input naming each of them, one line, exit 2.
+        two = wrappers["two"].pid
+        result = wait_for(lambda: (r := status(str(two))).returncode == 2 and r, "both agents publishing")
+        assert len(result.stderr.splitlines()) == 1 and "2 agents run below it" in result.stderr, result
+        agents = result.stderr.split("(pids ", 1)[1].split(")", 1)[0].split(", ")
+        for pid in agents:
+            assert status(pid).returncode == 0, pid
+    finally:
+        go.touch()
+        for wrapper in wrappers.values():
+            try:
+                wrapper.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                wrapper.kill()
+                wrapper.wait()
+
+
+SILENT = """
+import os, sys, time
+import launcher
+
+ready, go = sys.argv[1], sys.argv[2]
+open(f"{ready}.{os.environ['RANK']}", "w").write(str(os.getpid()))
+end = time.monotonic() + 90
+while not os.path.exists(go) and time.monotonic() < end:
+    if os.environ["RANK"] == "0":  # rank 1 was told to beat (--hang-timeout) and never does
+        launcher.heartbeat()
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_that_never_beats_says_so_in_status_report_and_log(write_script, tmp_path):
+    from tests.background_job import BackgroundJob
+
+    ready = tmp_path / "ready"
+    job = BackgroundJob(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--log-dir",
+                         str(tmp_path / "logs"), write_script("silent.py", SILENT), str(ready), str(tmp_path / "go")],
+                        tmp_path / "go")
+    try:
+        pids = job.wait_for_ranks([Path(f"{ready}.0"), Path(f"{ready}.1")], "the ranks")
+        silent_pid = pids[Path(f"{ready}.1")]
+        # --json: rank 0's heartbeat age, rank 1's wait for its first, past the timeout and not hung.
+        doc = status_json(str(job.process.pid), lambda d: (d["ranks"][1]["no_heartbeat_yet_s"] or 0) > 1.5
+                          and d["ranks"][0]["heartbeat_age_s"] is not None, "rank 1 waiting past the timeout")
+        assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
+        beating, silent = doc["ranks"]
+        assert beating["no_heartbeat_yet_s"] is None and silent["heartbeat_age_s"] is None, doc
+        assert silent["state"] == "running" and doc["job"]["hung_ranks"] == [], doc
+        # The table says it in words.
+        text = status(str(job.process.pid)).stdout
+        rows = {line.split()[1]: line for line in text.splitlines()[2:]}
+        assert re.search(r"no heartbeat yet after \d+s", rows["1"]) and " ago" in rows["0"], text
+        # A report of every rank's stacks (SIGUSR2) names it the same way.
+        job.process.send_signal(signal.SIGUSR2)
+        wait_for(lambda: list((tmp_path / "logs").rglob("stacks_attempt_0_1.txt")), "the on-demand stacks file")
+    finally:
+        code, stderr = job.finish()
+    assert code == 0, stderr
+    assert re.search(rf"rank 1 on \S+ \(local rank 1, pid {silent_pid}\): no heartbeat yet after \d+ s", stderr), stderr
+    # And the agent warned once that rank 1 is not watched, never about rank 0.
+    warnings = [line for line in stderr.splitlines() if "no heartbeat yet after" in line and "not watched" in line]
+    assert len(warnings) == 1 and f"rank 1 (local rank 1, pid {silent_pid})" in warnings[0], stderr

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import sys
 import time
 from types import TracebackType
 from typing import Any
@@ -54,6 +55,10 @@ _state: Any = None
 _mapping: Any = None
 #: launcher.stragglers.timing.record_step, once heartbeat(step) was called.
 _step_writer: Any = None
+#: CLOCK_MONOTONIC time of the next try to map a slot that could not be mapped (0: no retry due).
+_retry_at = 0.0
+#: Seconds between two tries to map the slot after an error (the file was briefly unreachable).
+RETRY_INTERVAL = 1.0
 
 
 def claim(*, force: bool = False) -> None:
@@ -78,16 +83,27 @@ def _forget_in_child() -> None:
 
 def _open() -> Any:
     """Map this worker's slot, once; ``()`` when not running under launcher's hang watch, or
-    when this process is not the worker (a child of it)."""
-    global _state, _mapping
+    when this process is not the worker (a child of it).
+
+    Under launcher, a refusal that is not the expected one (a child of the worker) is said once
+    on stderr: a rank that beats into nothing is otherwise invisible. A slot that cannot be
+    mapped (an error) is tried again every :data:`RETRY_INTERVAL` seconds."""
+    global _state, _mapping, _retry_at
     path = os.environ.get(HEARTBEAT_FILE_ENV)
     slot = os.environ.get(HEARTBEAT_SLOT_ENV, "")
     _state = ()
+    _retry_at = 0.0
     if not path or not slot.isdigit():
         return _state
     claim()
-    if os.environ.get(HEARTBEAT_PID_ENV) != str(os.getpid()):
-        return _state  # a data-loader worker, a spawned child: not the rank's progress
+    recorded = os.environ.get(HEARTBEAT_PID_ENV, "")
+    if recorded != str(os.getpid()):
+        # A data-loader worker, a spawned child: not the rank's progress, and nothing to say.
+        if not (recorded.isdigit() and int(recorded) in _ancestors()):
+            _say(f"launcher.heartbeat() in pid {os.getpid()} does nothing: {HEARTBEAT_PID_ENV}={recorded!r} names "
+                 "neither this process nor one of its parents (a wrapper that runs the training script as a "
+                 f"child should remove {HEARTBEAT_PID_ENV} from the child's environment; docs/hangs.md)")
+        return _state
     try:
         import mmap
 
@@ -95,15 +111,50 @@ def _open() -> Any:
         try:
             size = os.fstat(fd).st_size
             offset = int(slot) * SLOT_SIZE
-            if offset + SLOT_SIZE > size:
-                return _state
-            _mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            if offset + SLOT_SIZE <= size:
+                _mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-    except (OSError, ValueError):
-        return _state  # a heartbeat must never break training
+    except (OSError, ValueError) as exc:  # a heartbeat must never break training: say so, try again later
+        _retry_at = _monotonic() + RETRY_INTERVAL
+        _say(f"launcher.heartbeat() in pid {os.getpid()} cannot map slot {slot} of {path}: {exc}; trying again "
+             f"every {RETRY_INTERVAL:g} s")
+        return _state
+    if offset + SLOT_SIZE > size:
+        _say(f"launcher.heartbeat() in pid {os.getpid()}: slot {slot} is outside {path} ({size} bytes)")
+        return _state
     _state = (_mapping, offset)
     return _state
+
+
+_said: set[str] = set()
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, once per process (never raises)."""
+    key = line.split(":", 1)[0] + line[-40:]
+    if key in _said:
+        return
+    _said.add(key)
+    try:
+        sys.stderr.write(f"launcher: {line}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: S110 - a closed or broken stderr: nothing else to tell
+        pass
+
+
+def _ancestors() -> set[int]:
+    """The pids of this process's parents, up to init (from ``/proc``; empty where it cannot be read)."""
+    found: set[int] = set()
+    pid = os.getppid()
+    while pid > 1 and pid not in found and len(found) < 256:
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                pid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return found
 
 
 # At import, not at the first beat: whenever a child is forked, it drops what its parent opened
@@ -121,7 +172,7 @@ def heartbeat(step: int | None = None) -> None:
     rate (``docs/stragglers.md``).
     """
     state = _state
-    if state is None:
+    if state is None or (not state and _retry_at and _monotonic() >= _retry_at):
         state = _open()
     if state:
         _pack_beat(state[0], state[1], _monotonic())

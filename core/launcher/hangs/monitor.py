@@ -112,6 +112,8 @@ class HangMonitor:
         self._dump_requested = False
         self._previous_handler: Any = None
         self._dumps = 0
+        #: Local ranks already warned about this attempt for sending no heartbeat yet.
+        self._silent_warned: set[int] = set()
         #: The report of the last hang (``None`` until one happens).
         self.report: HangReport | None = None
         #: Hangs diagnosed in this job so far (not dumps on demand), for ``--metrics-port``.
@@ -164,6 +166,10 @@ class HangMonitor:
         now = time.monotonic()
         self._next_local = now + self.check_interval
         self._next_alarm = now + ALARM_INTERVAL
+        self._silent_warned = set()
+        if self._watch is not None:  # a rank's wait for its first heartbeat counts from here
+            for slot in group.slots:
+                self._watch.started(slot.local_rank, now)
 
     def detach(self) -> None:
         """Stop watching the current attempt (its workers are gone)."""
@@ -230,7 +236,9 @@ class HangMonitor:
             self._next_local = now + self.check_interval
             # A worker that has exited (successfully: a failure ends the attempt at once) beats
             # no more, and is not hung.
-            hung = [state for state in self._watch.hung(now) if self._running(state.local_rank)]
+            states = self._watch.progress(now)
+            self._warn_silent(states)
+            hung = [state for state in states if state.hung and self._running(state.local_rank)]
             if hung:
                 first = max(hung, key=lambda state: state.age or 0.0)
                 slot = self._slot(first.local_rank)
@@ -258,6 +266,31 @@ class HangMonitor:
             if remote is not None:
                 return self._diagnose(remote)
         return None
+
+    def _warn_silent(self, states: list[RankProgress]) -> None:
+        """Once per rank and attempt, in one line per check: the running ranks that have sent no
+        heartbeat for the hang timeout since they started are not watched (never judged hung, see
+        docs/hangs.md): say so."""
+        named = []
+        waited = 0.0
+        for state in states:
+            if state.waiting is None or state.waiting < self.timeout or state.local_rank in self._silent_warned:
+                continue
+            if not self._running(state.local_rank):
+                continue
+            self._silent_warned.add(state.local_rank)
+            slot = self._slot(state.local_rank)
+            rank = slot.global_rank if slot is not None else state.local_rank
+            pid = slot.process.pid if slot is not None and slot.process is not None else None
+            named.append(f"rank {rank} (local rank {state.local_rank}, pid {pid})")
+            waited = max(waited, state.waiting)
+        if not named:
+            return
+        what = "heartbeat or output line" if self.output else "heartbeat"
+        who = named[0] if len(named) == 1 else f"{len(named)} ranks, {', '.join(named)}"
+        log.warning("%s: no %s yet after %.0f s: not watched for hangs until %s launcher.heartbeat()%s", who, what,
+                    waited, "it calls" if len(named) == 1 else "they call",
+                    "" if self.output else " (or give --hang-watch output)")
 
     def dump_on_demand(self) -> HangReport | None:
         """Take and print every local rank's stacks now, without stopping anything."""
@@ -335,6 +368,7 @@ class HangMonitor:
                 summary=stacks.stack_summary(dump) if dump is not None else "(exited)",
                 quiet=state.quiet if state else "",
                 reason=state.reason if state else "",
+                waiting=state.waiting if state else None,
                 stacks=stacks.as_json(dump) if dump is not None else None,
                 collective=stacks.in_collective(dump),
             )

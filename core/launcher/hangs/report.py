@@ -45,6 +45,8 @@ class RankEntry:
     stacks: dict[str, Any] | None = None
     #: Whether its main thread is inside ``torch.distributed`` (waiting in a collective, most likely).
     collective: bool = False
+    #: Seconds since it started without a heartbeat (``None``: it sent one, or not known).
+    waiting: float | None = None
 
     def to_dict(self, *, full: bool = True) -> dict[str, Any]:
         data = {
@@ -52,6 +54,7 @@ class RankEntry:
             "age": None if self.age is None else round(self.age, 3), "hung": self.hung,
             "summary": self.summary, "quiet": self.quiet or None, "reason": self.reason or None,
             "collective": self.collective,
+            "waiting": None if self.waiting is None else round(self.waiting, 3),
         }
         if full and self.stacks is not None:
             data["stacks"] = self.stacks
@@ -64,6 +67,7 @@ class RankEntry:
             pid=data.get("pid"), age=data.get("age"), hung=bool(data.get("hung")),
             summary=str(data.get("summary", "")), quiet=data.get("quiet") or "",
             reason=data.get("reason") or "", stacks=data.get("stacks"), collective=bool(data.get("collective")),
+            waiting=data.get("waiting"),
         )
 
 
@@ -211,6 +215,12 @@ class HangReport:
                              f"{_age_text(entry)}")
         else:
             lines.append("Hung ranks: none on the nodes that answered")
+        # Told to beat (--hang-timeout) and never did: not judged, but not silently left out either.
+        silent = [e for e in self.entries if not e.hung and e.age is None and e.waiting is not None]
+        if silent:
+            lines.append("Not watched yet (no heartbeat since they started):")
+            lines += [f"  rank {e.rank} on {e.node} (local rank {e.local_rank}, pid {e.pid}): {_age_text(e)}"
+                      for e in silent]
         lines.append("Where every rank is (main thread, innermost call first):")
         for members, summary in group_by_stack(self.entries, hung):
             ranks = [e.rank for e in members]
@@ -249,7 +259,7 @@ def _age_text(entry: RankEntry) -> str:
     if entry.reason:
         return entry.reason
     if entry.age is None:
-        return "never sent a heartbeat"
+        return f"no heartbeat yet after {entry.waiting:.0f} s" if entry.waiting is not None else "no heartbeat yet"
     return f"last heartbeat {entry.age:.1f} s ago"
 
 

@@ -6,7 +6,12 @@ into (see :mod:`launcher.hangs.heartbeat` for the layout); the agent maps it rea
 says which ranks are hung:
 
 * a rank is watched from its first heartbeat (output mode: its first heartbeat or line);
-  one that never sent either is never called hung, because nothing says it should have;
+  one that never sent either is never called hung: its start-up (imports, data, compilation,
+  a checkpoint to load) has no bound we could know, and a script that never calls
+  :func:`launcher.heartbeat` must not be stopped for it. It is *reported*, though:
+  :attr:`RankProgress.waiting` counts the seconds since it started, which ``launcher status``
+  and the hang report show as "no heartbeat yet after N s", and the agent warns once when that
+  passes the timeout (``docs/hangs.md``);
 * a watched rank is hung when its last sign of progress is older than the timeout;
 * inside a ``quiet(name, timeout)`` section, it is hung only once the section's own timeout
   has passed.
@@ -53,6 +58,15 @@ class RankProgress:
     quiet: str = ""
     #: Why it is hung, in words (empty when it is not).
     reason: str = ""
+    #: Seconds since it started without any heartbeat (output mode: nor line); ``None`` once it
+    #: sent one, or before :meth:`HangWatch.started` was told when it started.
+    waiting: float | None = None
+
+    def describe(self) -> str:
+        """Its heartbeat in words: ``no heartbeat yet after 12 s``, ``last heartbeat 0.3 s ago``."""
+        if self.age is None:
+            return f"no heartbeat yet after {self.waiting:.0f} s" if self.waiting is not None else "no heartbeat yet"
+        return f"last heartbeat {self.age:.1f} s ago"
 
 
 class HangWatch:
@@ -66,6 +80,12 @@ class HangWatch:
         self._clock = clock
         #: Monotonic time of each worker's last output line (output mode).
         self.last_output = [0.0] * table.count
+        #: Monotonic time each worker started (0: not known yet), for :attr:`RankProgress.waiting`.
+        self.start_times = [0.0] * table.count
+
+    def started(self, local_rank: int, when: float | None = None) -> None:
+        """The worker of ``local_rank`` started at ``when`` (now by default)."""
+        self.start_times[local_rank] = self._clock() if when is None else when
 
     def output_seen(self, local_rank: int) -> Callable[[], None]:
         """A callback for the output pump: the worker just wrote something."""
@@ -84,16 +104,18 @@ class HangWatch:
         for index, (beat, deadline, started, name) in enumerate(self.table.read_all()):
             last = max(beat, self.last_output[index]) if self.output else beat
             age = now - last if last > 0 else None
+            began = self.start_times[index]
+            waiting = max(0.0, now - began) if age is None and began > 0 else None
             if deadline > 0:
                 hung = now > deadline
                 reason = (f"in quiet section {name!r} for {now - started:.1f} s, past its timeout of "
                           f"{deadline - started:.0f} s") if hung else ""
-                states.append(RankProgress(index, age, hung, quiet=name, reason=reason))
+                states.append(RankProgress(index, age, hung, quiet=name, reason=reason, waiting=waiting))
                 continue
             hung = age is not None and age > self.timeout
             what = "heartbeat or output line" if self.output else "heartbeat"
             reason = f"no {what} for {age:.1f} s (timeout {self.timeout:g} s)" if hung and age is not None else ""
-            states.append(RankProgress(index, age, hung, reason=reason))
+            states.append(RankProgress(index, age, hung, reason=reason, waiting=waiting))
         return states
 
     def hung(self, now: float | None = None) -> list[RankProgress]:

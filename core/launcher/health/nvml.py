@@ -22,6 +22,7 @@ __all__ = [
     "NvmlLibrary",
     "NvmlUnavailable",
     "RecordedNvml",
+    "record_nvml",
 ]
 
 NVML_SUCCESS = 0

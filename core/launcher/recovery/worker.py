@@ -70,12 +70,24 @@ def teardown_distributed() -> None:
     Aborting (not destroying) is what releases a thread blocked in a collective: NCCL
     communicators are aborted, gloo's pairs are closed, so the peers' collectives fail at once
     instead of waiting for their timeout. Never imports torch itself.
+
+    The groups are forgotten at once (a new ``init_process_group`` works as soon as this
+    returns), and their aborts run on a daemon thread that nothing waits for: NCCL's abort
+    (``ncclCommAbort``) sets its abort flag first, which is what releases the kernels and the
+    peers, then tears the communicator down; waiting for all of it is the only NCCL-only step
+    of a recovery, which took a second more on one H100 than over gloo (``docs/recovery.md``).
+    Where this torch lacks the internals that forgetting needs, the abort is done here and
+    waited for, as ``_abort_process_group()`` does.
     """
     with _teardown_lock:
         _teardown()
 
 
 _teardown_lock = threading.Lock()
+#: The attributes of torch's ``_World`` that ``_abort_process_group()`` clears (torch 2.13; a torch
+#: without one of them gets the waited-for abort).
+_WORLD_MAPS = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag", "tags_to_pg",
+               "pg_coalesce_state")
 
 
 def _teardown() -> None:
@@ -83,6 +95,12 @@ def _teardown() -> None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    forgotten = _forget_groups(c10d)
+    if forgotten is not None:
+        # A daemon: a process that ends meanwhile does not wait for NCCL's teardown either.
+        threading.Thread(target=_abort_groups, args=(c10d, *forgotten), name="launcher-recovery-abort",
+                         daemon=True).start()
+        return
     abort = getattr(c10d, "_abort_process_group", None)
     try:
         if abort is not None:
@@ -93,6 +111,51 @@ def _teardown() -> None:
         sys.stderr.write(f"launcher: tearing down torch.distributed: {type(exc).__name__}: {exc}\n")
         with contextlib.suppress(Exception):  # nothing more to release
             dist.destroy_process_group()
+
+
+def _forget_groups(c10d: Any) -> tuple[list[Any], Any] | None:
+    """Take every process group out of torch.distributed's bookkeeping, as
+    ``_abort_process_group()`` does after its aborts; ``(the groups, newest first, the default
+    group)`` for :func:`_abort_groups`, or ``None`` (nothing changed) where this torch keeps them
+    otherwise."""
+    world = getattr(c10d, "_world", None)
+    update = getattr(c10d, "_update_default_pg", None)
+    unregister = getattr(c10d, "_unregister_all_process_groups", None)
+    member = getattr(c10d, "GroupMember", None)
+    if world is None or update is None or unregister is None or member is None \
+            or not all(hasattr(world, name) for name in _WORLD_MAPS):
+        return None
+    names = world.pg_names
+    groups = sorted(names, key=lambda group: names[group], reverse=True)  # the order torch aborts them in
+    default = getattr(member, "WORLD", None)
+    update(None)
+    for name in _WORLD_MAPS:
+        getattr(world, name).clear()
+    unregister()
+    # Groups made after a recovery get the names the first ones had (torch does the same).
+    world.group_count = 0
+    return groups, default
+
+
+def _abort_groups(c10d: Any, groups: list[Any], default: Any) -> None:
+    """Abort ``groups`` (newest first), inside one NCCL group call when the default group has an
+    NCCL backend, so that aborting several communicators cannot deadlock (as torch does)."""
+    nccl = None
+    try:
+        torch = sys.modules["torch"]
+        kind = getattr(c10d, "ProcessGroupNCCL", None)
+        if default is not None and kind is not None and c10d.is_nccl_available():
+            with contextlib.suppress(RuntimeError):  # no CUDA backend in this group
+                backend = default._get_backend(torch.device("cuda"))
+                nccl = backend if isinstance(backend, kind) else None
+        if nccl is not None:
+            nccl._group_start()
+        for group in groups:
+            group.abort()
+        if nccl is not None:
+            nccl._group_end()
+    except Exception as exc:  # the groups are forgotten already: the next round makes new ones
+        sys.stderr.write(f"launcher: aborting torch.distributed's process groups: {type(exc).__name__}: {exc}\n")
 
 
 class _Channel:

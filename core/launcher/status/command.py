@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.errors import UsageError
 from launcher.status.render import render
-from launcher.status.report import USAGE, JobNotRunning, job_status
+from launcher.status.report import USAGE, JobNotRunning, job_status, resolve_agent
 from launcher.subcommand_args import take_seconds, take_switch, take_value, the_target
 from launcher.values import quote
 
@@ -34,7 +34,9 @@ def status_command(argv: Sequence[str]) -> int:
     interval = take_seconds(args, "--interval", WATCH_INTERVAL, "launcher status", USAGE)
     read = _rendezvous_reader(args, os.environ)
     if read is None:
-        target = the_target(args, "launcher status", USAGE)
+        target, note = resolve_agent(the_target(args, "launcher status", USAGE))
+        if note:  # a wrapper's pid (timeout, srun, a shell): say whose status this is
+            print(f"launcher: {note}", file=sys.stderr, flush=True)
 
         def read() -> dict[str, Any]:
             return job_status(target)

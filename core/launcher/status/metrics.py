@@ -88,6 +88,10 @@ def render(doc: dict[str, Any] | None, hangs_seen: int, now: float | None = None
         "launcher_rank_heartbeat_age_seconds": ("gauge", "Seconds since the rank's last launcher.heartbeat().",
                                                 lambda r: None if r["heartbeat_age_s"] is None
                                                 else r["heartbeat_age_s"] + age),
+        "launcher_rank_no_heartbeat_yet_seconds": ("gauge", "Seconds since the rank started without any "
+                                                   "launcher.heartbeat() (with --hang-timeout).",
+                                                   lambda r: None if r.get("no_heartbeat_yet_s") is None
+                                                   else r["no_heartbeat_yet_s"] + age),
         "launcher_rank_steps_per_second": ("gauge", "launcher.heartbeat(step) calls per second "
                                            "(with --straggler-detection).", lambda r: r.get("steps_per_s")),
         "launcher_rank_slow": ("gauge", "1 while straggler detection names the rank slow.",

@@ -185,10 +185,13 @@ class StatusPublisher:
         plan = self._plan
         hung: set[int] = set()
         ages: dict[int, float | None] = {}
+        waits: dict[int, float] = {}
         if self._hangs is not None and ended is None:
             with contextlib.suppress(Exception):  # the heartbeat table may close under us
                 for progress in self._hangs.progress():
                     ages[progress.local_rank] = None if progress.age is None else round(progress.age, 3)
+                    if progress.waiting is not None:  # told to beat (--hang-timeout), not once yet
+                        waits[progress.local_rank] = round(progress.waiting, 3)
                     if progress.hung:
                         hung.add(progress.local_rank)
         steps = self._step_totals() if ended is None else {}
@@ -213,6 +216,7 @@ class StatusPublisher:
                 "exit_code": returncode,
                 "restarts": used,
                 "heartbeat_age_s": ages.get(slot.local_rank),
+                "no_heartbeat_yet_s": waits.get(slot.local_rank) if returncode is None else None,
                 "lines_per_s": self._line_rate(slot.local_rank, slot.streams, now),
                 "step": steps[slot.local_rank][0] if slot.local_rank in steps else None,
                 "steps_per_s": self._step_rate(slot.local_rank, steps.get(slot.local_rank), now),

@@ -22,6 +22,13 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s ago"
 
 
+def _heartbeat(rank: dict[str, Any]) -> str:
+    waiting = rank.get("no_heartbeat_yet_s")
+    if rank["heartbeat_age_s"] is None and waiting is not None:
+        return f"no heartbeat yet after {waiting:.0f}s"
+    return _seconds(rank["heartbeat_age_s"])
+
+
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
@@ -62,7 +69,7 @@ def render(status: dict[str, Any]) -> str:
         state = rank["state"] if rank["exit_code"] in (None, 0) else f"{rank['state']} ({rank['exit_code']})"
         rows.append((
             str(rank["node"]), str(rank["rank"]), str(rank["local_rank"]), str(rank["pid"] or "-"), state,
-            str(rank["restarts"]), _seconds(rank["heartbeat_age_s"]),
+            str(rank["restarts"]), _heartbeat(rank),
             _number(rank.get("steps_per_s")), _number(rank["lines_per_s"]),
             _number(rank["cpu_percent"]), _size(rank["rss_bytes"]),
             _number(rank.get("gpu")), _number(rank.get("gpu_util_percent")), _size(rank.get("gpu_memory_bytes")),

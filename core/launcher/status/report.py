@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from launcher.errors import LaunchError, UsageError
-from launcher.status.procfs import sample_cpu, start_ticks
+from launcher.status.procfs import children, sample_cpu, start_ticks
 from launcher.status.settings import CPU_SAMPLE_S, SCHEMA_VERSION, STATUS_FILE, store_key
 from launcher.values import quote
 
@@ -50,6 +50,18 @@ def status_files(target: str) -> list[str]:
 def _file_of_pid(pid: int) -> str:
     """The status file of the agent ``pid``: in the directory it keeps open (see
     :mod:`launcher.status.publisher`), found among its descriptors."""
+    path = _own_status_file(pid)
+    if path is not None:
+        return path
+    raise JobNotRunning(
+        f"process {pid} is not a launcher agent whose workers run (give the pid of the "
+        "`launcher` process, or the job's log directory)"
+    )
+
+
+def _own_status_file(pid: int) -> str | None:
+    """The status file among ``pid``'s open descriptors (``None``: it holds none); :class:`JobNotRunning`
+    when there is no such process or it cannot be looked into."""
     try:
         descriptors = os.listdir(f"/proc/{pid}/fd")
     except FileNotFoundError:
@@ -65,10 +77,49 @@ def _file_of_pid(pid: int) -> str:
         path = os.path.join(target, STATUS_FILE)
         if target.startswith("/") and os.path.isfile(path):
             return path
-    raise JobNotRunning(
-        f"process {pid} is not a launcher agent whose workers run (give the pid of the "
-        "`launcher` process, or the job's log directory)"
-    )
+    return None
+
+
+def agents_below(pid: int) -> list[int]:
+    """The launcher agents among ``pid``'s descendants (the topmost of each branch: an agent's own
+    children are its workers), in the order found."""
+    found: list[int] = []
+    queue = children(pid)
+    seen = {pid}
+    while queue:
+        child = queue.pop(0)
+        if child in seen:
+            continue
+        seen.add(child)
+        try:
+            path = _own_status_file(child)
+        except JobNotRunning:  # gone meanwhile, or not ours to look into
+            continue
+        if path is not None:
+            found.append(child)
+        else:
+            queue += children(child)
+    return found
+
+
+def resolve_agent(target: str) -> tuple[str, str | None]:
+    """``target`` itself, or, when it is the pid of a process that wraps one launcher agent
+    (``timeout 600 launcher ...``, ``srun``, a shell), that agent's pid and a line saying so.
+    A wrapper of several agents is bad input naming them; anything else is left to
+    :func:`status_files` to judge."""
+    if not (target.isascii() and target.isdigit()):
+        return target, None
+    pid = int(target)
+    if _own_status_file(pid) is not None:
+        return target, None
+    agents = agents_below(pid)
+    if len(agents) == 1:
+        return str(agents[0]), f"process {pid} is not a launcher agent; showing the one below it, pid {agents[0]}"
+    if agents:
+        named = ", ".join(str(agent) for agent in agents)
+        raise UsageError(f"launcher status: process {pid} is not a launcher agent; {len(agents)} agents run below "
+                         f"it (pids {named}): give one of them")
+    return target, None
 
 
 def load(path: str) -> dict[str, Any] | None:
@@ -162,7 +213,8 @@ def job_status(target: str, *, cpu_sample: float = CPU_SAMPLE_S) -> dict[str, An
 
 
 #: Fields of a rank's row that records of an older agent may lack, and what they mean then.
-_ROW_DEFAULTS = {"step": None, "steps_per_s": None, "gpu": None, "gpu_util_percent": None, "gpu_memory_bytes": None}
+_ROW_DEFAULTS = {"no_heartbeat_yet_s": None, "step": None, "steps_per_s": None, "gpu": None, "gpu_util_percent": None,
+                 "gpu_memory_bytes": None}
 
 
 def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | None, *,
@@ -178,8 +230,9 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
                       "status_age_s": round(age, 3), "local": doc is local})
         for rank in doc["ranks"]:
             row = {"node": doc["node"], "group_rank": doc["group_rank"], **_ROW_DEFAULTS, **rank}
-            if row["heartbeat_age_s"] is not None:
-                row["heartbeat_age_s"] = round(row["heartbeat_age_s"] + age, 3)
+            for field in ("heartbeat_age_s", "no_heartbeat_yet_s"):  # both as of now, not of the record
+                if row[field] is not None:
+                    row[field] = round(row[field] + age, 3)
             if doc is local and row["pid"] in fresh:
                 row["cpu_percent"], row["rss_bytes"] = fresh[row["pid"]]
             ranks.append(row)
