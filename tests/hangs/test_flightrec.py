@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,6 +171,52 @@ def test_a_worker_that_serves_no_dumps_is_said_so_at_once(tmp_path):
     assert "serves no flight-recorder dumps" in found[0]["launcher_note"]
 
 
+def test_a_group_nobody_waits_in_is_not_reported_even_when_a_ring_buffer_lost_its_entries():
+    dumps = records("gloo_groups")
+    # Rank 1's buffer wrapped past every entry of group "1" ([0, 1]); rank 0 completed them all.
+    del dumps[1]["groups"]["1"]
+    analysis = flightrec.analyse(dumps, world_size=4)
+    assert {verdict.group for verdict in analysis.verdicts} == {"0", "2"}
+    assert analysis.blamed == [2]
+
+
 @pytest.mark.parametrize("value", ["[0, 1]", [1, 0]])
 def test_members_read_as_torch_writes_them(value):
     assert flightrec._members(value) == [0, 1]
+
+
+MOVING_WORKER = """
+import sys
+from launcher.hangs import flightrec_worker
+for line in sys.stdin:
+    request, out = line.split()
+    flightrec_worker.serve({"LAUNCHER_FR_REQUEST": request, "LAUNCHER_FR_FILE": out})
+    print("serving", request, flush=True)
+"""
+
+
+def test_the_worker_thread_answers_and_follows_a_new_attempts_pipe(tmp_path):
+    # A worker that recovers in place is given the next attempt's pipe: its one thread moves there.
+    pipes = [(str(tmp_path / f"p{n}"), str(tmp_path / f"o{n}")) for n in (0, 1)]
+    for pipe, out in pipes:
+        flightrec.arm_environment({}, pipe, out)
+    worker = subprocess.Popen([sys.executable, "-c", MOVING_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        for number, (pipe, out) in enumerate(pipes):
+            worker.stdin.write(f"{pipe} {out}\n")
+            worker.stdin.flush()
+            assert worker.stdout.readline().split() == ["serving", pipe]
+            # The thread opens its pipe soon after it starts: ask until it does (no reader yet: ENXIO).
+            deadline = time.monotonic() + 60
+            while True:
+                found = flightrec.request([(number, pipe, out)], timeout=30)[number]
+                if "serves no" not in found["launcher_note"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            assert found == {"launcher_note": "torch.distributed was never imported"}
+        # The old pipe has no reader any more.
+        assert "serves no" in flightrec.request([(0, *pipes[0])], timeout=30)[0]["launcher_note"]
+    finally:
+        worker.kill()
+        worker.wait()

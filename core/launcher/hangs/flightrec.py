@@ -317,8 +317,10 @@ def analyse(records: Mapping[int, Mapping[str, Any]], world_size: int | None = N
         behind = {rank: _int(seen[rank].get("entered"), 0) if rank in seen else 0
                   for rank in members if rank in with_record and rank not in at_latest}
         inside = sorted(rank for rank, state in at_latest.items() if _int(state.get("completed")) < latest)
-        if not behind and not inside:
-            continue  # finished everywhere
+        if not inside:
+            # Nobody waits in it: finished wherever entered (a member "behind" here only lost the
+            # group's entries to its ring buffer's newer ones).
+            continue
         sample = at_latest[min(at_latest)]
         kinds: dict[str, list[int]] = {}
         for rank, state in sorted(at_latest.items()):

@@ -20,6 +20,8 @@ import threading
 
 REQUEST_ENV = "LAUNCHER_FR_REQUEST"
 FILE_ENV = "LAUNCHER_FR_FILE"
+#: Written to the old pipe by :func:`serve` to move the thread to a new one.
+_MOVE = b"move"
 
 
 def _process_groups(dist):
@@ -63,35 +65,57 @@ def _write(path, data):
     os.replace(tmp, path)
 
 
-def _serve(request, out):
+def _serve(state):
     while True:
+        request = state["request"]
         try:
             # Blocks (without the GIL) until the agent opens the pipe to write.
             fd = os.open(request, os.O_RDONLY)
             try:
-                os.read(fd, 64)
+                data = os.read(fd, 64)
             finally:
                 os.close(fd)
         except OSError:
-            return  # the pipe is gone: the agent moved on to another attempt
+            return  # the pipe is gone: the agent is gone
+        if data == _MOVE or request != state["request"]:
+            continue  # a new attempt's pipe (recovery in place): wait on that one
         try:
-            data = dump()
+            record = dump()
         except Exception as exc:  # say why, rather than leave the agent waiting
-            data = {"launcher_note": f"cannot dump the flight record: {type(exc).__name__}: {exc}"}
+            record = {"launcher_note": f"cannot dump the flight record: {type(exc).__name__}: {exc}"}
         try:
-            _write(out, data)
+            _write(state["out"], record)
         except OSError:  # noqa: SIM105 - no contextlib import in every worker for this
             continue
 
 
 def serve(environ=None):
     """Start the dump thread when the agent asked for it (``LAUNCHER_FR_REQUEST`` in ``environ``,
-    by default this process's environment); once per process."""
+    by default this process's environment); once per process. Called again with another
+    attempt's pipe (a worker that recovered in place), the thread moves to it."""
     environ = os.environ if environ is None else environ
     request = environ.get(REQUEST_ENV)
     out = environ.get(FILE_ENV)
-    if not request or not out or sys.__dict__.get("_launcher_fr_thread"):
+    if not request or not out:
         return
-    thread = threading.Thread(target=_serve, args=(request, out), name="launcher-flight-recorder", daemon=True)
+    state = sys.__dict__.get("_launcher_fr_state")
+    if state is not None:
+        old = state["request"]
+        if old == request:
+            state["out"] = out
+            return
+        state["request"], state["out"] = request, out
+        try:  # wake the thread from the old pipe
+            fd = os.open(old, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, _MOVE)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        return
+    state = {"request": request, "out": out}
+    # In sys, not here: this file is loaded under two names (the start-up hook's, launcher's).
+    sys.__dict__["_launcher_fr_state"] = state
+    thread = threading.Thread(target=_serve, args=(state,), name="launcher-flight-recorder", daemon=True)
     thread.start()
-    sys.__dict__["_launcher_fr_thread"] = thread
