@@ -92,8 +92,8 @@ def test_status_shows_the_last_hang_after_a_restart(write_script, tmp_path):
             shown = subprocess.run([*LAUNCHER, "status", str(logs), "--json"], env=launcher_env(),
                                    capture_output=True, text=True, timeout=60)
             status = json.loads(shown.stdout) if shown.returncode == 0 else {}
-            if (status.get("job") or {}).get("last_hang") and status["job"]["round"] >= 0 \
-                    and all(r["state"] == "running" for r in status["ranks"]) and status["job"]["restarts_used"]:
+            job_status = status.get("job") or {}
+            if job_status.get("last_hang") and job_status.get("restarts_used"):  # the second attempt runs
                 break
             time.sleep(0.2)
         hang = status["job"]["last_hang"]
