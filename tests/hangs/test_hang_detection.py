@@ -108,8 +108,9 @@ def test_stuck_rank_is_named_with_its_function_and_every_worker_is_stopped(write
     assert report["hang"]["hung_ranks"] == [1]
     groups = {tuple(g["ranks"]): g["stack"] for g in report["hang"]["groups"]}
     assert "stuck_in_known_function" in groups[(1,)] and "stuck_in_known_function" not in groups[(0, 2)]
+    # The main thread's (a worker also runs launcher's flight-recorder thread, launcher.hangs.flightrec).
     frames = {
-        entry["rank"]: entry["stacks"]["threads"][0]["frames"]
+        entry["rank"]: next(thread for thread in entry["stacks"]["threads"] if thread["main"])["frames"]
         for node in report["hang"]["nodes"] for entry in node["ranks"]
     }
     assert frames[1][0]["function"] == "stuck_in_known_function"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.plan import CpuPlan, LaunchPlan
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
-__all__ = ["NodeReporter", "started_workers", "store_gone"]
+__all__ = ["NodeReporter", "blame_order", "started_workers", "store_gone"]
 
 log = logging.getLogger("launcher.agent")
 
@@ -42,6 +42,14 @@ def store_gone(handler: RendezvousHandler) -> str | None:
     if problem is None:
         return None
     return f"{handler.store_location()} is gone: {problem}"
+
+
+def blame_order(entry: Any, blamed: Sequence[int] = ()) -> tuple[int, float, float, int]:
+    """Sort key of failures, the root cause first: the ranks ``blamed`` for a hang in their order,
+    then the earliest failure."""
+    rank = entry.failure.rank
+    place = blamed.index(rank) if rank in blamed else len(blamed)
+    return place, entry.time, entry.failure.timestamp, rank
 
 
 class NodeReporter:
@@ -193,6 +201,12 @@ class NodeReporter:
         from launcher.failures.report import FailureReport, ReportedFailure
 
         local = FailureReport.from_failures(failures, oom_watch=oom_watch) if failures else None
+        # After a hang every worker was stopped by the launcher: the root cause is the rank the
+        # hang is blamed on (its flight record's evidence, else the likeliest hung rank), not the
+        # first worker to die of the launcher's SIGTERM.
+        blamed = hang.blamed_ranks if hang is not None else []
+        if local is not None and blamed:
+            local.failures.sort(key=lambda r: blame_order(r, blamed))
         if closer or local is not None or reason is not None:
             self.publish(info, handler, self.outcome(info, root=local.root_cause.to_dict() if local else None,
                                                      reason=reason, notes=notes))
@@ -208,7 +222,7 @@ class NodeReporter:
         shared = list(dict.fromkeys([*([reason] if reason else []), *notes, *(n for o in remote for n in o.notes)]))
         report_notes = [*([self.store_note] if self.store_note else []), *shared]
         if entries:
-            entries.sort(key=lambda r: (r.time, r.failure.timestamp, r.failure.rank))
+            entries.sort(key=lambda r: blame_order(r, blamed))
             root = entries[0]
             others_local = [e for e in entries[1:] if e in (local.failures if local else [])]
             if local is not None and root is local.root_cause:

@@ -34,7 +34,9 @@ def render_report(report: FailureReport) -> str:
     if report.hang:
         lines += _render_hang(report.hang) + [light]
     lines.append("Root cause (first failure):")
-    lines += _render_root(report.root_cause, after_hang=bool(report.hang))
+    blamed = (report.hang or {}).get("blamed_ranks") or []
+    lines += _render_root(report.root_cause, after_hang=bool(report.hang),
+                          blamed=bool(blamed) and report.root_cause.failure.rank == blamed[0])
     if report.others:
         lines += [light, f"Other failures ({len(report.others)}):"]
         lines += _render_table(report.others)
@@ -86,7 +88,7 @@ def _indented(text: str, prefix: str = "    ") -> list[str]:
     return [f"{prefix}{line}" if line else prefix.rstrip() for line in text.rstrip("\n").splitlines()]
 
 
-def _render_root(entry: ReportedFailure, *, after_hang: bool = False) -> list[str]:
+def _render_root(entry: ReportedFailure, *, after_hang: bool = False, blamed: bool = False) -> list[str]:
     failure = entry.failure
     lines = [
         _field("time", format_time(entry.time)),
@@ -96,6 +98,9 @@ def _render_root(entry: ReportedFailure, *, after_hang: bool = False) -> list[st
         _field("exit", entry.exit_description()),
     ]
     explanation = entry.explanation(after_hang=after_hang)
+    if blamed:
+        # Its exit is the launcher's doing; what makes it the root cause is the hang.
+        explanation = "the hang is blamed on this rank (see the hang above); " + (explanation or "")
     if explanation:
         lines.append(_field("why", explanation))
     if entry.oom_evidence:
@@ -142,6 +147,13 @@ def _render_hang(hang: Mapping[str, Any]) -> list[str]:
         ranks = group.get("ranks") or []
         label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
         lines.append(f"    {label}: {group.get('stack')}")
+    if hang.get("collectives"):
+        from launcher.hangs.flightrec import Analysis
+
+        evidence = Analysis.from_dict(hang["collectives"]).lines()
+        if evidence:
+            lines.append("  collectives (flight recorder, per process group):")
+            lines += [f"    {line}" for line in evidence]
     for node in hang.get("nodes") or []:
         if node.get("stacks_file"):
             lines.append(_field("stacks", f"{node['stacks_file']} (on {node.get('node')})"))

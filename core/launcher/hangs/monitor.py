@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from launcher.hangs import cluster, ondemand, stacks
+from launcher.hangs import cluster, flightrec, ondemand, stacks
 from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_PID_ENV, HEARTBEAT_SLOT_ENV
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
 from launcher.hangs.watch import HangWatch, HeartbeatTable, RankProgress
@@ -118,6 +118,9 @@ class HangMonitor:
         self.report: HangReport | None = None
         #: Hangs diagnosed in this job so far (not dumps on demand), for ``--metrics-port``.
         self.hangs_seen = 0
+        #: The last hang of this job, for ``launcher status`` (kept across restarts):
+        #: ``{"attempt", "blamed_ranks", "lines"}``, the headline's reason first.
+        self.last_hang: dict[str, Any] | None = None
 
     # -- per attempt ---------------------------------------------------------------------------
 
@@ -134,6 +137,7 @@ class HangMonitor:
             env[HEARTBEAT_SLOT_ENV] = str(local_rank)
             env.pop(HEARTBEAT_PID_ENV, None)  # recorded by the worker itself at its start-up
             stacks.arm_environment(env, self._stacks_path(local_rank))
+            flightrec.arm_environment(env, self._record_path(local_rank, "pipe"), self._record_path(local_rank, "json"))
         if self.output:
             for slot in slots:
                 slot.on_output = self._watch.output_seen(slot.local_rank)
@@ -153,6 +157,10 @@ class HangMonitor:
 
     def _stacks_path(self, local_rank: int) -> str:
         return os.path.join(self.dir, f"stacks.{self._attempt}.{local_rank}")
+
+    def _record_path(self, local_rank: int, kind: str) -> str:
+        """The flight-recorder request pipe (``pipe``) or record (``json``) of a local rank."""
+        return os.path.join(self.dir, f"flightrec.{self._attempt}.{local_rank}.{kind}")
 
     def attach(self, group: WorkerGroup, info: RendezvousInfo) -> None:
         """Watch ``group`` (started with the prepared environments)."""
@@ -348,6 +356,10 @@ class HangMonitor:
                 targets.append((slot.local_rank, slot.process.pid, self._stacks_path(slot.local_rank)))
                 allowed[slot.local_rank] = stacks.process_tree(slot.process.pid)
         dumps = stacks.collect(targets, allowed, timeout=DUMP_TIMEOUT)
+        # The collectives each rank entered: asked once its stack is taken (where it waits).
+        records = flightrec.request(
+            [(local_rank, self._record_path(local_rank, "pipe"), self._record_path(local_rank, "json"))
+             for local_rank, _, _ in targets], timeout=DUMP_TIMEOUT)
         # Read after the dump: a rank that stopped a moment after the one that crossed the
         # timeout first (a few ms later, into the same collective) has crossed it too by now.
         progress = {state.local_rank: state for state in self._watch.progress()}
@@ -374,6 +386,12 @@ class HangMonitor:
             )
             summary.ranks.append(entry)
         summary.stacks_file = self._stacks_file_path("on_demand" if local_only else "hang")
+        for slot in self._group.slots:
+            if slot.local_rank in records:
+                record = flightrec.summarise(records[slot.local_rank])
+                record["rank"] = slot.global_rank
+                summary.collectives[str(slot.global_rank)] = record
+        self._keep_records(summary.stacks_file, records)
         nodes: list[NodeSummary] = [summary]
         missing: list[int] = []
         if self._multinode and not local_only:
@@ -387,6 +405,7 @@ class HangMonitor:
             except (StoreError, RendezvousError, OSError) as exc:
                 log.warning("cannot exchange hang summaries with the other nodes: %s", exc)
             nodes.sort(key=lambda node: node.group_rank)
+        evidence = {int(rank): record for node in nodes for rank, record in node.collectives.items()}
         report = HangReport(
             detected_by=str(alarm.get("node", "?")),
             reason=str(alarm.get("reason", "a rank stopped making progress")),
@@ -394,6 +413,8 @@ class HangMonitor:
             missing=missing,
             # Ranks that stopped together: detected within one check; other nodes dump later.
             tolerance=self.check_interval + DUMP_SLACK + (ALARM_INTERVAL if self._multinode else 0.0),
+            # Compared here, where every node's evidence is joined.
+            collectives=flightrec.analyse(evidence, self._world_size()) if evidence else None,
         )
         if local_only:  # on demand (written so in the stacks file too)
             report.is_hang = False
@@ -409,8 +430,39 @@ class HangMonitor:
                 log.warning("cannot write the stacks file %s: %s", summary.stacks_file, exc)
                 summary.stacks_file = None
         self.report = report
+        if not local_only:
+            evidence_lines = report.collectives.lines() if report.collectives is not None else []
+            self.last_hang = {"attempt": self._attempt, "blamed_ranks": report.blamed_ranks,
+                              "lines": [report.reason, *evidence_lines]}
         log.debug("hang diagnosed in %.2f s", time.monotonic() - started)
         return report
+
+    def _world_size(self) -> int | None:
+        slots = self._group.slots if self._group is not None else []
+        size = slots[0].env.get("WORLD_SIZE", "") if slots else ""
+        return int(size) if size.isdigit() else None
+
+    def _keep_records(self, stacks_file: str | None, records: dict[int, dict[str, Any]]) -> None:
+        """Each rank's whole flight record beside the stacks file (``launcher bundle`` takes it):
+        ``hang_flight_recorder_attempt_0_rank_3.json``."""
+        if not stacks_file or not stacks_file.endswith(".txt"):
+            return
+        import json
+
+        # hang_stacks_attempt_0.txt -> hang_flight_recorder_attempt_0; stacks_attempt_0_2.txt too.
+        head, name = os.path.split(stacks_file[: -len(".txt")])
+        base = os.path.join(head, name.replace("stacks_", "flight_recorder_", 1))
+        for slot in self._group.slots if self._group is not None else []:
+            record = records.get(slot.local_rank)
+            if record is None or "launcher_note" in record:
+                continue
+            path = f"{base}_rank_{slot.global_rank}.json"
+            try:
+                with open(f"{path}.tmp", "w", encoding="utf-8") as handle:
+                    json.dump(record, handle)
+                os.replace(f"{path}.tmp", path)
+            except OSError as exc:
+                log.debug("cannot write %s: %s", path, exc)
 
     def _stacks_file_path(self, kind: str = "hang") -> str | None:
         # Next to the worker logs: the run's log directory, --log-dir or not.

@@ -22,7 +22,10 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.hangs.flightrec import Analysis
 
 _RULE = 72
 
@@ -79,12 +82,18 @@ class NodeSummary:
     group_rank: int
     ranks: list[RankEntry] = field(default_factory=list)
     stacks_file: str | None = None
+    #: Each local rank's flight record, reduced (:func:`launcher.hangs.flightrec.summarise`), by
+    #: global rank: the evidence the joined report compares.
+    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self, *, full: bool = True) -> dict[str, Any]:
-        return {
+        data = {
             "node": self.node, "group_rank": self.group_rank, "stacks_file": self.stacks_file,
             "ranks": [entry.to_dict(full=full) for entry in self.ranks],
         }
+        if self.collectives:
+            data["collectives"] = self.collectives
+        return data
 
     def to_bytes(self) -> bytes:
         """The compact form published through the store (no full stacks)."""
@@ -96,6 +105,7 @@ class NodeSummary:
             node=str(data.get("node", "")), group_rank=int(data.get("group_rank", 0)),
             ranks=[RankEntry.from_dict(item) for item in data.get("ranks", [])],
             stacks_file=data.get("stacks_file"),
+            collectives=dict(data.get("collectives") or {}),
         )
 
 
@@ -181,6 +191,8 @@ class HangReport:
     #: Hung ranks whose ages differ by less than this many seconds stopped together (see
     #: :func:`order_hung`): about the agent's check interval, plus the spread of the nodes' dumps.
     tolerance: float = 1.0
+    #: What the ranks' flight records say (``None``: no rank had one).
+    collectives: Analysis | None = None
 
     @property
     def entries(self) -> list[RankEntry]:
@@ -188,17 +200,33 @@ class HangReport:
 
     @property
     def hung_ranks(self) -> list[RankEntry]:
-        """Hung ranks, the likeliest culprit first (see :func:`order_hung`)."""
-        return order_hung(self.entries, self.tolerance)
+        """Hung ranks, the likeliest culprit first: those the flight records blame, then in the
+        order of :func:`order_hung`."""
+        ordered = order_hung(self.entries, self.tolerance)
+        blamed = self.collectives.blamed if self.collectives is not None else []
+        return sorted(ordered, key=lambda entry: entry.rank not in blamed)
+
+    @property
+    def blamed_ranks(self) -> list[int]:
+        """The ranks this hang is blamed on, likeliest first: those the flight records blame (hung
+        or not), else the likeliest hung rank; empty when no rank is hung."""
+        if self.collectives is not None and self.collectives.blamed:
+            return list(self.collectives.blamed)
+        hung = self.hung_ranks
+        return [hung[0].rank] if hung else []
 
     def culprit_reason(self) -> str | None:
-        """``rank 2 (local rank 2): no heartbeat for 3.1 s (timeout 3 s)`` for the first hung rank,
-        for the headline; ``None`` when no rank is hung."""
-        hung = self.hung_ranks
-        if not hung:
+        """``rank 2 (local rank 2): no heartbeat for 3.1 s (timeout 3 s)`` for the rank blamed, for
+        the headline, then what its flight record shows (``; did not enter collective #6 ...``)
+        when it does; ``None`` when no rank is blamed."""
+        blamed = self.blamed_ranks
+        entry = next((e for e in self.entries if blamed and e.rank == blamed[0]), None)
+        if entry is None:
             return None
-        first = hung[0]
-        return f"rank {first.rank} (local rank {first.local_rank}): {first.reason or 'stopped making progress'}"
+        why = entry.reason or "stopped making progress"
+        if self.collectives is not None and entry.rank in self.collectives.blamed:
+            why = f"{why}; {self.collectives.blame_text(entry.rank)}"
+        return f"rank {entry.rank} (local rank {entry.local_rank}): {why}"
 
     def headline(self) -> str:
         if not self.is_hang:
@@ -226,6 +254,9 @@ class HangReport:
             ranks = [e.rank for e in members]
             label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
             lines.append(f"  {label}: {summary}")
+        if self.collectives is not None and self.collectives.lines():
+            lines.append("Collectives (flight recorder, per process group):")
+            lines += [f"  {line}" for line in self.collectives.lines()]
         if self.missing:
             lines.append(f"No answer from node(s) with group rank {rank_ranges(self.missing)}: their ranks are "
                          "not shown")
@@ -252,6 +283,8 @@ class HangReport:
             "nodes": [node.to_dict() for node in self.nodes],
             "missing_group_ranks": list(self.missing),
             "outcome": self.outcome or None,
+            "blamed_ranks": self.blamed_ranks,
+            "collectives": self.collectives.to_dict() if self.collectives is not None else None,
         }
 
 

@@ -119,6 +119,9 @@ def arm_here(env: Mapping[str, str]) -> None:
     faulthandler.register(int(STACKS_SIGNAL), file=handle, all_threads=True, chain=False)
     os.environ[STACKS_ARMED_ENV] = str(os.getpid())
     globals()["_armed_file"] = handle
+    from launcher.hangs import flightrec_worker
+
+    flightrec_worker.serve(env)  # the collectives' record, read at a hang (launcher.hangs.flightrec)
 
 
 def _leave_site_path() -> None:

@@ -242,6 +242,7 @@ class StatusPublisher:
             "hang_detection": self._hangs is not None,
             "straggler_detection": self._stragglers is not None,
             "slow_ranks": list(self._stragglers.slow_ranks) if self._stragglers is not None else [],
+            "last_hang": self._hangs.last_hang if self._hangs is not None else None,
             "agent": self._agent,
             "store": {"host": info.master_addr, "port": info.master_port} if info.group_world_size > 1 else None,
             "interval_s": self._interval,

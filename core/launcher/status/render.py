@@ -58,6 +58,10 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"hung ranks: {', '.join(map(str, job['hung_ranks']))}")
     if job.get("slow_ranks"):
         lines.append(f"slow ranks (stragglers): {', '.join(map(str, job['slow_ranks']))}")
+    hang = job.get("last_hang")
+    if hang and hang.get("lines"):
+        lines.append(f"last hang (attempt {hang.get('attempt')}): {hang['lines'][0]}")
+        lines += [f"  {line}" for line in hang["lines"][1:]]
     if job["failed_ranks"]:
         lines.append(f"failed ranks: {', '.join(map(str, job['failed_ranks']))}")
     if status["missing_nodes"]:

@@ -242,6 +242,9 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
         else float(local["agent"]["started_at"])
     # Straggler detection judges every rank of the job on every node: the union of what they named.
     slow = sorted({int(r) for doc in records for r in doc.get("slow_ranks", ())})
+    # Every node joined the same hang report: the first node's account stands for all.
+    last_hang = next((doc["last_hang"] for doc in sorted(records, key=lambda d: int(d["group_rank"]))
+                      if doc.get("last_hang")), None)
     return {
         "schema": SCHEMA_VERSION,
         "job": {
@@ -261,6 +264,7 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
             "failed_ranks": [r["rank"] for r in ranks if r["state"] == "failed"],
             "slow_ranks": slow,
             "straggler_detection": any(bool(doc.get("straggler_detection")) for doc in records),
+            "last_hang": last_hang,
         },
         "nodes": nodes,
         "missing_nodes": missing,

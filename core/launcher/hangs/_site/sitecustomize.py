@@ -9,11 +9,14 @@ imports it at start-up, before the training script. It:
 2. arms :func:`faulthandler.register` on the signal in ``LAUNCHER_STACKS_SIGNAL``, writing every
    thread's Python stack to ``LAUNCHER_STACKS_FILE``, and records this process's pid in that file
    so the agent signals only a process that is ready (the signal's default action would kill it);
-3. with ``--straggler-detection``, loads ``launcher/stragglers/timing.py`` (named in
+3. starts the flight-recorder dump thread of ``launcher/hangs/flightrec_worker.py`` (when the
+   agent made its request pipe, ``LAUNCHER_FR_REQUEST``): the collectives this rank entered,
+   read at a hang;
+4. with ``--straggler-detection``, loads ``launcher/stragglers/timing.py`` (named in
    ``LAUNCHER_STRAGGLER_HOOK``), which times the collectives once the user imports them;
-4. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
+5. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
    would give it and its own children do not load it;
-5. runs the ``sitecustomize`` it shadows, if there is one.
+6. runs the ``sitecustomize`` it shadows, if there is one.
 
 Standard library only, and nothing newer than Python 3.8: the worker's interpreter may not be
 the agent's, and may not have launcher installed.
@@ -46,6 +49,25 @@ def _arm():
     os.environ["LAUNCHER_STACKS_ARMED"] = str(os.getpid())
     # faulthandler keeps the descriptor, not the object: keep the object alive too.
     sys.__dict__.setdefault("_launcher_stacks_file", handle)
+    if os.environ.get("LAUNCHER_FR_REQUEST"):
+        try:
+            _serve_flight_recorder()
+        except Exception as exc:  # never stop a worker from starting; the stacks still work
+            sys.stderr.write(f"launcher: cannot serve flight-recorder dumps: {exc}\n")
+
+
+def _serve_flight_recorder():
+    # The armed process only (as the stacks): its thread dumps torch's flight record on request.
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flightrec_worker.py")
+    spec = importlib.util.spec_from_file_location("_launcher_flightrec_worker", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.serve()
 
 
 def _time_collectives():
