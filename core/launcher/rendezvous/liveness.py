@@ -28,6 +28,7 @@ from launcher.store.api import StoreError
 
 __all__ = [
     "LEFT",
+    "STOPPED_GRACE",
     "HeartbeatScheduler",
     "LostNodes",
     "RingWatcher",
@@ -245,19 +246,38 @@ if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork to surv
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+#: Seconds a node that serves the store and is stopped (a signal) still serves it for the others
+#: to leave: they learned the job is over from the rendezvous, and leave within a check or two.
+STOPPED_GRACE = 2.0
+
+
 def await_departures(
-    ops: StoreOps, keys: RendezvousKeys, m: Membership, lost_nodes: Callable[[], list[str]], close_timeout: float
+    ops: StoreOps,
+    keys: RendezvousKeys,
+    m: Membership,
+    lost_nodes: Callable[[], list[str]],
+    close_timeout: float,
+    stop: Callable[[], bool] | None = None,
 ) -> None:
     """Return once every participant of round ``m`` but this node has left.
 
     A participant has left once its heartbeat counter carries the "left" mark (its last write
     to the store). Participants that ``lost_nodes()`` names are not waited for; nobody is
-    waited for longer than ``close_timeout`` seconds.
+    waited for longer than ``close_timeout`` seconds, nor, once ``stop()`` is true (this node
+    is being stopped), longer than :data:`STOPPED_GRACE` from then.
     """
     pending = [rank for rank in range(len(m.ids)) if rank != m.rank]
     deadline = time.monotonic() + close_timeout
+    stopping = False
     pause = 0.01
     while pending:
+        if not stopping and stop is not None and stop():
+            stopping = True
+            if deadline > time.monotonic() + STOPPED_GRACE:
+                deadline = time.monotonic() + STOPPED_GRACE
+                close_timeout = STOPPED_GRACE
+            log.info("rendezvous %r: stopping; serving the store %g s more for the other nodes to leave",
+                     ops.run_id, STOPPED_GRACE)
         try:
             lost = set(lost_nodes())
             pending = [
@@ -273,10 +293,11 @@ def await_departures(
         now = time.monotonic()
         if now >= deadline:
             log.warning(
-                "rendezvous %r: %d node(s) had not left after %g s (close_timeout): %s; stopping the store",
+                "rendezvous %r: %d node(s) had not left after %g s (%s): %s; stopping the store",
                 ops.run_id,
                 len(pending),
                 close_timeout,
+                "this node is stopped" if stopping else "close_timeout",
                 list_ids([m.ids[rank] for rank in pending]),
             )
             return
