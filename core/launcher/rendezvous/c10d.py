@@ -143,7 +143,7 @@ def wait_until_reachable(host: str, port: int, timeout: float, run_id: str = "")
     endpoint = format_endpoint(host, port)
     start = time.monotonic()
     deadline = start + timeout
-    next_progress = start + _PROGRESS_INTERVAL
+    next_progress = start  # said at the first refusal (a node started before the host), then every interval
     delay = 0.05
     while True:
         infos = _resolve(host, port)
