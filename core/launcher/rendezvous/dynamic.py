@@ -37,10 +37,12 @@ from launcher.rendezvous.gate import StoreGate
 from launcher.rendezvous.keys import KEY_ROOT, RendezvousKeys
 from launcher.rendezvous.liveness import (
     LEFT,
+    STOPPED_GRACE,
     HeartbeatScheduler,
     LostNodes,
     RingWatcher,
     await_departures,
+    await_hangups,
     shared_scheduler,
 )
 from launcher.rendezvous.membership import Membership, NodeDescriptor
@@ -133,6 +135,7 @@ class DynamicRendezvousHandler:
             config=self._config,
             progress_interval=progress_interval,
         )
+        self._server = store_server
         self._gate = (
             StoreGate(store_server, self._config.store_admission, run_id) if store_server is not None else None
         )
@@ -471,6 +474,10 @@ class DynamicRendezvousHandler:
                 self._config.close_timeout,
                 self._stopped,
             )
+        elif self._is_host and self._server is not None and self._stopped():
+            # Stopped while in no round (waiting to join one): the nodes waiting with it learn
+            # the job is closed from the store; serve it until they hung up (seconds at most).
+            await_hangups(self._server, STOPPED_GRACE)
         try:
             self._leave(rejoin=False)
         except Exception as exc:  # shutting down must not raise

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from launcher.rendezvous.api import RendezvousError
 from launcher.rendezvous.config import DynamicRendezvousConfig
@@ -33,6 +33,7 @@ __all__ = [
     "LostNodes",
     "RingWatcher",
     "await_departures",
+    "await_hangups",
     "has_left",
     "shared_scheduler",
 ]
@@ -303,3 +304,12 @@ def await_departures(
             return
         time.sleep(min(pause, deadline - now))
         pause = min(pause * 2, 0.2)
+
+
+def await_hangups(server: Any, grace: float) -> None:
+    """Return once ``server`` (a :class:`~launcher.store.server.StoreServer`) holds no connection
+    but this node's own, or ``grace`` seconds passed: the nodes that waited with a stopped host
+    in no round leave when they read that the job is closed, and no membership says who they are."""
+    deadline = time.monotonic() + grace
+    while server.client_count > 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
