@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.harness import ENDING, AgentProcess, wait_until
+from tests.multinode.harness import ENDING, SCRIPTS, AgentProcess, wait_until
 
 pytestmark = [pytest.mark.netns]
 
@@ -145,6 +145,31 @@ def test_a_stopped_host_gives_a_stuck_node_seconds_and_a_second_signal_none(make
             assert "had not left after 2 s (this node is stopped)" in host.stderr, host.describe(80)
     finally:
         other.kill(signal.SIGCONT)
+
+
+def test_a_node_recovering_in_place_stops_its_kept_workers_in_the_rendezvous(make_network, start_agent,
+                                                                            tmp_path: Path):
+    """The host's rank 1 fails: it recovers in place, its live worker kept, and waits in the
+    rendezvous for the other node (whose agent is stopped with SIGSTOP); a SIGTERM there gives
+    the kept workers the signal, and ends the agent with the phase named."""
+    net = make_network(2)
+    fail = tmp_path / "fail"
+    env = {"MN_FAIL_FILE": str(fail), "MN_FAIL_RANK": "1"}
+    agents = [start_agent(net[i], [*_args(net, i, "--max-restarts", "1")[:-1], "--nproc-per-node", "2",
+                                   str(SCRIPTS / "kept_worker.py")], name=f"node{i}", env=env) for i in (0, 1)]
+    host, other = agents
+    _said(host, "rank 0 ready (restart 0)", agents)
+    _said(other, "rank 3 ready (restart 0)", agents)
+    other.kill(signal.SIGSTOP)
+    try:
+        fail.write_text("1")
+        _said(host, "joined round 1", agents)
+        _stop(host, signal.SIGTERM, agents)
+    finally:
+        other.host.kill_all()  # frozen meanwhile: what it does next proves nothing here
+    assert "received SIGTERM: forwarding it to 2 worker(s)" in host.stderr, host.describe(80)
+    _line(host, signal.SIGTERM, "waiting for the other nodes in the rendezvous (the workers kept for an in-place "
+          "recovery)")
 
 
 def test_a_node_in_a_preemption_grace_stops_when_signalled(make_network, start_agent):
