@@ -172,6 +172,23 @@ def test_a_node_recovering_in_place_stops_its_kept_workers_in_the_rendezvous(mak
           "recovery)")
 
 
+def test_a_node_waiting_for_its_preload_template_stops(make_network, start_agent, tmp_path: Path):
+    """The round formed, node 1's template still imports (``--preload``; node 0 has none, its
+    workers run): the signal ends node 1's wait, and node 0 ends naming it."""
+    net = make_network(2)
+    mark = tmp_path / "importing"
+    env = {"MN_GROUP": "store", "MN_IMPORT_MARK": str(mark), "MN_PG_TIMEOUT": "600"}
+    agents = [start_agent(net[0], _args(net, 0), name="node0", env=env),
+              start_agent(net[1], _args(net, 1, "--preload", "tests.multinode.scripts.slow_import"), name="node1",
+                          env=env)]
+    for agent in agents:
+        _said(agent, "round 0 formed with 2 nodes", agents)
+    wait_until(mark.exists, 60, "the template to import", on_timeout=lambda: "\n".join(a.describe() for a in agents))
+    _stop(agents[1], signal.SIGINT, agents)
+    _ends(agents[0], agents[1])
+    assert "its agent received SIGINT" in agents[0].stderr, agents[0].describe(80)
+
+
 def test_a_node_in_a_preemption_grace_stops_when_signalled(make_network, start_agent):
     """The notice came from the other node (SIGUSR1 there); a SIGTERM here ends the grace (600 s)."""
     net = make_network(2)
