@@ -123,7 +123,7 @@ class Agent:
             group.hurry()  # the user will not wait out --shutdown-timeout
             if preemption is not None:  # nor the grace
                 preemption.hurry()
-        elif not first:
+        elif not first and self._own_process:  # not a program that embeds the agent (launcher.api)
             exit_now(signum)  # nothing left to stop gracefully
         elif preemption is not None:
             preemption.hurry()
@@ -545,7 +545,8 @@ class Agent:
                 next_check = time.monotonic() + interval
                 self._health.poll(handler)
                 self._stragglers.act(handler, info)  # --straggler-action exclude (launcher.stragglers.exclusion)
-                change = membership_changed(handler, self._report, self._emit, info)
+                with self._signals.interruptible():  # a store that went away is retried for seconds
+                    change = membership_changed(handler, self._report, self._emit, info)
                 if change is not None:
                     return change, []
 
