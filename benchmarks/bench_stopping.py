@@ -5,6 +5,8 @@ needs root); node 0's address is the endpoint. The workers run
 ``tests/multinode/scripts/ending_worker.py`` (a gloo group, then a sleep). One agent gets SIGTERM
 in each phase:
 
+- ``port-taken``: node 0 alone, the endpoint's port on its own machine held by a socket that
+  never listens (not a store): how long it waits by itself; SIGTERM after 10 s if it still waits.
 - ``store-wait``: node 1 alone, before anything serves the endpoint (a node started before the
   host, as Slurm and Kubernetes often order them).
 - ``join-wait``: ``--nnodes 3``; both nodes joined, the third never comes; node 1 is signalled.
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,13 +43,15 @@ from benchmarks.bench_endings import workers_left  # noqa: E402
 from tests.multinode.harness import ENDING, AgentProcess, agent_env, free_port  # noqa: E402
 from tests.multinode.netns import Network  # noqa: E402
 
-PHASES = ("store-wait", "join-wait", "workers", "host-at-barrier")
+PHASES = ("port-taken", "store-wait", "join-wait", "workers", "host-at-barrier")
 CONF = "join_timeout=600,read_timeout=5,keep_alive_interval=0.5,heartbeat_timeout=3"
 
 
 def _reached(tool: str, phase: str, agents: list[AgentProcess], net: Network, started: float, settle: float) -> bool:
     """Whether the phase to signal in has been reached."""
     said = [a.stderr + a.stdout for a in agents]
+    if phase == "port-taken":
+        return True  # measured from the start: the agent should end by itself
     if phase == "store-wait":
         return "waiting for the store" in said[0] if tool == "launcher" else time.monotonic() - started > settle
     if phase == "join-wait":
@@ -66,7 +71,13 @@ def run(tool: str, phase: str, cap: float, settle: float, out: Path) -> dict:
         port = free_port(net[0])
         env = agent_env(net[0], {"MN_RUN": "0:0,*:600" if phase == "host-at-barrier" else "*:600"})
         program = ("-m", "torch.distributed.run") if tool == "torchrun" else ("-m", "launcher")
-        nodes = (1,) if phase == "store-wait" else (0, 1)
+        nodes = {"port-taken": (0,), "store-wait": (1,)}.get(phase, (0, 1))
+        holder = None
+        if phase == "port-taken":  # bound, never listening: the port is taken, and nobody ever answers
+            holder = net[0].popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                                   f"s.bind(('', {port})); print('bound', flush=True); time.sleep(600)"],
+                                  stdout=subprocess.PIPE)
+            assert holder.stdout is not None and holder.stdout.readline().startswith(b"bound")
         agents = []
         for i in nodes:
             conf = f"is_host={'true' if i == 0 else 'false'}" if tool == "torchrun" else CONF
@@ -84,8 +95,14 @@ def run(tool: str, phase: str, cap: float, settle: float, out: Path) -> dict:
         if phase == "host-at-barrier":
             time.sleep(1.0)  # node 0's agent is at its exit barrier
         victim = agents[0] if phase == "host-at-barrier" else agents[-1]
-        victim.kill(signal.SIGTERM)
         event = time.monotonic()
+        if phase == "port-taken":
+            event = victim.started
+            while victim.poll() is None and time.monotonic() < event + 10:
+                time.sleep(0.02)
+        if victim.poll() is None:
+            victim.kill(signal.SIGTERM)
+            event = time.monotonic()
         while time.monotonic() < event + cap and None in [a.poll() for a in agents]:  # poll() notes each end
             time.sleep(0.02)
         result = {}
@@ -98,6 +115,11 @@ def run(tool: str, phase: str, cap: float, settle: float, out: Path) -> dict:
                 agent.kill()
             else:
                 result[role] = {"exit": code, "seconds": round((agent.ended or event) - event, 2)}
+                if phase == "port-taken" and event == agent.started:
+                    result[role]["by_itself"] = [line for line in agent.stderr.splitlines() if "port" in line][-1:]
+        if holder is not None:
+            holder.kill()
+            holder.wait()
         return result
 
 
