@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -130,14 +131,28 @@ def test_watch_outcomes_are_an_enum():
 def test_the_signal_forwarder_restores_what_it_replaced():
     before = signal.getsignal(signal.SIGUSR1)
     hurried = []
-    with SignalForwarder([signal.SIGUSR1], hurry=lambda: hurried.append(True)) as forwarder:
+    with SignalForwarder([signal.SIGUSR1], hurry=lambda signum, first: hurried.append((signum, first))) as forwarder:
         assert forwarder.wakeup_fd is not None
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert forwarder.received == signal.SIGUSR1 and not hurried
+        assert forwarder.received == signal.SIGUSR1 and hurried == [(signal.SIGUSR1, True)]
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert hurried == [True]  # a second signal hurries the stop
+        assert hurried[-1] == (signal.SIGUSR1, False)  # a second signal: the agent hurries the stop
         with pytest.raises(SignalReceived), forwarder.interruptible():
-            pass  # a signal already received ends a rendezvous before it starts
+            pass  # a signal already received ends a wait before it starts
+    assert signal.getsignal(signal.SIGUSR1) is before
+    assert forwarder.wakeup_fd is None
+
+
+def test_a_signal_ends_an_interruptible_wait_at_once_and_only_once():
+    before = signal.getsignal(signal.SIGUSR1)
+    with SignalForwarder([signal.SIGUSR1], hurry=lambda signum, first: None) as forwarder:
+        started = time.monotonic()
+        with pytest.raises(SignalReceived) as caught, forwarder.interruptible():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(30)  # ended by the handler, not waited out
+        assert caught.value.name == "SIGUSR1" and time.monotonic() - started < 10
+        os.kill(os.getpid(), signal.SIGUSR1)  # outside the block: recorded, not raised
+        assert forwarder.received == signal.SIGUSR1
     assert signal.getsignal(signal.SIGUSR1) is before
     assert forwarder.wakeup_fd is None
 

@@ -30,7 +30,7 @@ from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
 from launcher.agent.reporting import NodeReporter
 from launcher.agent.restart import RestartTally, announce_restart, restarts_note, stop_failed
 from launcher.agent.result import AgentResult, WatchOutcome
-from launcher.agent.signals import SignalForwarder, SignalReceived, signal_message
+from launcher.agent.signals import SignalForwarder, SignalReceived, exit_now, signal_message
 from launcher.agent.watchdog import Watchdog
 from launcher.errors import LaunchError
 from launcher.health.api import EXIT_NODE_SICK
@@ -74,6 +74,7 @@ class Agent:
         self.plan = plan
         self.node = plan.node
         self._handler = handler
+        self._handler_used: Any = None  # the handler run() created or was given
         self._restart_count = 0
         self._tally = RestartTally()  # _restart_count by kind: in-place recoveries, full restarts
         self._group: WorkerGroup | None = None
@@ -82,7 +83,11 @@ class Agent:
         self._oom_watch: OomWatch | None = None
         #: With --hang-timeout; else None.
         self._hangs: HangMonitor | None = None
-        self._signals = SignalForwarder(plan.signals, hurry=self._hurry)
+        self._signals = SignalForwarder(plan.signals, hurry=self._on_signal)
+        #: What the agent is waiting for now, as the line a signal ends it with says it.
+        self._phase = "starting"
+        #: This node's last round (a node stopped outside the workers' phase tells its others).
+        self._info: RendezvousInfo | None = None
         self._report = NodeReporter(plan, self._emit)
         self._preload: Preloader | None = None  # --preload
         self._health = HealthGate(plan, self._emit)  # checks before each round (launcher.health)
@@ -106,11 +111,22 @@ class Agent:
         if self._events is not None:
             self._events.emit(event_type, **data)
 
-    def _hurry(self) -> None:
-        if self._group is not None:
-            self._group.hurry()
-        if self._preemption is not None:  # a second signal cuts the grace short too
-            self._preemption.hurry()
+    def _on_signal(self, signum: int, first: bool) -> None:
+        """In the handler, for a signal the agent's loop will see (see launcher.agent.signals):
+        a second one hurries the workers' stop, or ends the agent at once once they are gone."""
+        preemption = self._preemption
+        graced = preemption is not None and preemption.notice is not None
+        if first and not (graced and preemption is not None and not preemption.is_preemption(signum)):
+            return  # the loop forwards it (a preemption signal starts the grace there)
+        group = self._group
+        if group is not None and group.running():
+            group.hurry()  # the user will not wait out --shutdown-timeout
+            if preemption is not None:  # nor the grace
+                preemption.hurry()
+        elif not first and self._own_process:  # not a program that embeds the agent (launcher.api)
+            exit_now(signum)  # nothing left to stop gracefully
+        elif preemption is not None:
+            preemption.hurry()
 
     # -- what the agent owns -----------------------------------------------------------------
 
@@ -164,7 +180,13 @@ class Agent:
                     self._preload = start_preloader(plan, watchdog)
                 if self._preload is not None:
                     stack.callback(self._preload.close)
-                handler = self._handler if self._handler is not None else plan.rendezvous.create_handler()
+                endpoint = plan.rendezvous.parameters.endpoint.strip()
+                self._phase = "connecting to the rendezvous store" + (f" at {endpoint}" if endpoint else "")
+                with self._signals.interruptible():  # a store nobody serves yet is waited for (join_timeout)
+                    handler = self._handler if self._handler is not None else plan.rendezvous.create_handler()
+                self._handler_used = handler
+                if hasattr(handler, "stop_requested"):  # a host serving the others' departure stops too
+                    handler.stop_requested = lambda: self._signals.received is not None
                 stack.callback(lambda: self._close_rendezvous(handler, result.exit_code))
                 stack.callback(self._kill_group)
                 self._health.job_token = watchdog.token  # the checks' processes carry the job's token
@@ -173,16 +195,36 @@ class Agent:
             except NodeSick as exc:  # a sick node joined nothing, one put out (a straggler) no more: says why
                 result = AgentResult(exit_code=exc.exit_code, message=str(exc))
             except SignalReceived as exc:
-                result = AgentResult(exit_code=128 + exc.signum, message=signal_message(exc.signum))
-                if self._preemption is not None and self._preemption.is_preemption(exc.signum):
-                    result = self._preemption.before_workers(exc.signum)  # no worker to save: preempted
+                result = self._stopped(exc.signum)
             except (RendezvousError, StoreError) as exc:
                 report = self._report
                 if report.last_ranks and report.group_rank is not None:
                     report.log_ranks(report.last_ranks)
                 result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
                 self._emit("job_failed", reason=result.message)
+        if result.exit_code == 0 and self._signals.received is not None:
+            # Stopped after the job had succeeded here (serving the store until the others left).
+            result = AgentResult(exit_code=128 + self._signals.received,
+                                 message=signal_message(self._signals.received, self._phase))
         return result
+
+    def _stopped(self, signum: int) -> AgentResult:
+        """A signal ended a wait (``self._phase``) where no worker ran, or only kept ones (an
+        in-place recovery's): they get the signal and ``--shutdown-timeout``; the job's outcome."""
+        group = self._group
+        if group is not None and group.running():
+            log.warning("received %s: forwarding it to %d worker(s)", signal.Signals(signum).name,
+                        len(group.running()))
+            group.stop(signum, self.plan.shutdown_timeout)
+        if self._preemption is not None and self._preemption.is_preemption(signum):
+            return self._preemption.before_workers(signum)  # no worker to save: preempted
+        info = self._info
+        if info is not None and info.group_world_size > 1:  # the other nodes name it (launcher.agent.outcome)
+            name = signal.Signals(signum).name
+            self._report.publish(info, self._handler_used, self._report.outcome(info,
+                                                                                 reason=f"its agent received {name}"))
+        self._emit("job_failed", reason=f"agent received {signal.Signals(signum).name}")
+        return AgentResult(exit_code=128 + signum, message=signal_message(signum, self._phase))
 
     def _kill_group(self) -> None:
         if self._group is not None:
@@ -191,10 +233,18 @@ class Agent:
             self._group = None
 
     def _close_rendezvous(self, handler: RendezvousHandler, exit_code: int) -> None:
+        signum = self._signals.received
+        if exit_code == 0:
+            self._phase = "serving the rendezvous store until the other nodes leave"
         if self._report.store_note is not None:
             # Nothing answers there any more: leave without writing to it.
             if isinstance(handler, StoreBackedHandler):
                 handler.abandon_store()
+        elif signum is not None and exit_code == 128 + signum and callable(getattr(handler, "depart", None)):
+            # Stopped: the others learn it from the rendezvous, as when a node is lost, and end
+            # (or re-form without this node, when the job can do without it).
+            with contextlib.suppress(Exception):
+                handler.depart(f"stopped by {signal.Signals(signum).name}")  # type: ignore[attr-defined]
         elif exit_code != EXIT_NODE_SICK:  # a sick node, or one put out, leaves the job open for the others
             with contextlib.suppress(Exception):
                 if exit_code != 0 or not handler.is_closed():
@@ -219,12 +269,17 @@ class Agent:
     # -- the loop ----------------------------------------------------------------------------
 
     def _rendezvous(self, handler: RendezvousHandler) -> RendezvousInfo:
-        self._health.before_join(handler)  # a sick node raises NodeSick instead of joining
-        self._stragglers.before_join(handler)  # a node put out as a straggler raises NodeExcluded
-        started = time.monotonic()
-        self._emit("rendezvous_started", restart_count=self._restart_count)
-        with self._signals.interruptible():
+        self._phase = "running the health checks"
+        with self._signals.interruptible():  # a signal ends the checks' wait and the round's alike
+            self._health.before_join(handler)  # a sick node raises NodeSick instead of joining
+            self._stragglers.before_join(handler)  # a node put out as a straggler raises NodeExcluded
+            started = time.monotonic()
+            self._emit("rendezvous_started", restart_count=self._restart_count)
+            self._phase = "waiting for the other nodes in the rendezvous" + (
+                " (the workers kept for an in-place recovery)" if self._kept is not None else "")
             info = handler.next_rendezvous()
+        self._info = info
+        self._phase = "starting the workers"
         self._stragglers.after_join(handler)  # a spare called in names the straggler it replaces
         self._emit("rendezvous_completed", round=info.round, group_rank=info.group_rank,
                    group_world_size=info.group_world_size, participants=list(info.participants),
@@ -285,6 +340,7 @@ class Agent:
             self._status.attach(group, info, self._restart_count, self.recoveries_in_place)
 
             arm_death_notice(handler, watchdog)
+            self._phase = "running the workers"
             outcome, failed = self._watch(group, handler, info)
             if outcome is WatchOutcome.SIGNAL:
                 return self._forward_signal(info, handler, group)
@@ -296,16 +352,11 @@ class Agent:
                 ranks = report.rank_states(group, ())
                 self._close_group(group)
                 values = group.return_values() if plan.entry.function is not None else {}
-                try:
-                    # A signal ends the wait for the other nodes at once (up to --exit-barrier-timeout).
-                    with self._signals.interruptible():
-                        unfinished = exit_barrier(info, handler, report, run_id=plan.run_id,
-                                                  timeout=plan.exit_barrier_timeout, ranks=ranks)
-                except SignalReceived as exc:
-                    name = signal.Signals(exc.signum).name
-                    return AgentResult(exit_code=128 + exc.signum, message=(
-                        f"received {name} while waiting for the other nodes to finish (every worker of this "
-                        "node had succeeded); the job was closed for every node"))
+                # A signal ends the wait for the other nodes at once (up to --exit-barrier-timeout).
+                self._phase = "waiting for the other nodes to finish (every worker of this node had succeeded)"
+                with self._signals.interruptible():
+                    unfinished = exit_barrier(info, handler, report, run_id=plan.run_id,
+                                              timeout=plan.exit_barrier_timeout, ranks=ranks)
                 if unfinished is not None:  # the job cannot finish any more (see launcher.agent.barrier)
                     self._emit("job_failed", reason=unfinished.message or "the job failed on another node")
                     return unfinished
@@ -369,8 +420,11 @@ class Agent:
                 continue  # a node another node already found lost broke the collectives: no restart counted
             if hang is None and multi and regrouping_for_joiners(handler, self._emit):
                 continue
-            if remaining_restarts == 0 and multi and await_lost_nodes(handler, plan, self._emit, info):
-                continue  # a node left: re-form without counting a restart
+            if remaining_restarts == 0 and multi:
+                self._phase = "waiting to learn whether a lost node made the workers fail"
+                with self._signals.interruptible():  # up to the heartbeat timeout
+                    if await_lost_nodes(handler, plan, self._emit, info):
+                        continue  # a node left: re-form without counting a restart
             if remaining_restarts > 0:
                 remaining_restarts -= 1
                 self._restart_count += 1
@@ -491,7 +545,8 @@ class Agent:
                 next_check = time.monotonic() + interval
                 self._health.poll(handler)
                 self._stragglers.act(handler, info)  # --straggler-action exclude (launcher.stragglers.exclusion)
-                change = membership_changed(handler, self._report, self._emit, info)
+                with self._signals.interruptible():  # a store that went away is retried for seconds
+                    change = membership_changed(handler, self._report, self._emit, info)
                 if change is not None:
                     return change, []
 

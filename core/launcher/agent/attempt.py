@@ -30,15 +30,16 @@ __all__ = ["start_attempt"]
 def _slots(agent: Agent, info: RendezvousInfo) -> tuple[list[WorkerSlot], dict[int, dict[str, str]]]:
     """This round's slots and their environments (torchrun's variables on the plan's base)."""
     plan = agent.plan
-    ranks = assign_ranks(
-        info.store,
-        f"launcher/{plan.run_id}/ranks/{info.round}",
-        info.group_rank,
-        info.group_world_size,
-        plan.role,
-        plan.nproc_per_node,
-        timeout=max(60.0, plan.exit_barrier_timeout),
-    )
+    with agent._signals.interruptible():  # waits for every node's share of the ranks
+        ranks = assign_ranks(
+            info.store,
+            f"launcher/{plan.run_id}/ranks/{info.round}",
+            info.group_rank,
+            info.group_world_size,
+            plan.role,
+            plan.nproc_per_node,
+            timeout=max(60.0, plan.exit_barrier_timeout),
+        )
     slots = []
     envs: dict[int, dict[str, str]] = {}
     for local_rank in range(plan.nproc_per_node):

@@ -1,11 +1,19 @@
 """The signals the agent forwards: catching them, waking the agent, hurrying a second time.
 
-A forwarded signal (``--signals-to-handle``) is only recorded by its handler; the agent's loop
-sees it and forwards it to the workers. The C-level handler also writes to a wake-up pipe the
-instant the signal arrives, so an agent blocked in its selector wakes at once. While the agent
-waits in a rendezvous (a blocking call with nothing to forward to yet) the handler raises
-:class:`SignalReceived` instead. A second signal tells the agent not to wait out
-``--shutdown-timeout`` (the ``hurry`` callback).
+One mechanism ends every wait of the agent (docs/failures.md, "Stopping"):
+
+- While workers run, a signal (``--signals-to-handle``) is only recorded by its handler; the
+  agent's loop sees it and forwards it to the workers. The C-level handler also writes to a
+  wake-up pipe the instant the signal arrives, so an agent blocked in its selector (the workers,
+  the ``--preload`` template) wakes at once.
+- Everywhere else the agent waits with nothing to forward a signal to (the store connection, the
+  health checks, the rendezvous, the exit barrier, serving the store until the others leave), the
+  wait runs :meth:`SignalForwarder.interruptible`: the handler raises :class:`SignalReceived` in
+  the main thread, which ends whatever blocking call it was in (a sleep, a socket read, a join)
+  at once, and the agent says which phase it stopped in.
+- Every signal is also handed to the agent's callback with whether it was the first: a second one
+  tells the agent not to wait out ``--shutdown-timeout``, and once the workers are gone ends the
+  agent at once (:func:`exit_now`).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["SignalForwarder", "SignalReceived", "signal_message"]
+__all__ = ["SignalForwarder", "SignalReceived", "exit_now", "signal_message"]
 
 log = logging.getLogger("launcher.agent")
 
@@ -31,6 +39,11 @@ class SignalReceived(Exception):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
+    @property
+    def name(self) -> str:
+        """``SIGTERM``."""
+        return signal.Signals(self.signum).name
+
 
 class SignalForwarder:
     """Handlers for ``signals`` and the wake-up pipe, installed for the ``with`` block.
@@ -39,7 +52,9 @@ class SignalForwarder:
     are then not forwarded, and :attr:`wakeup_fd` is ``None``.
     """
 
-    def __init__(self, signals: Sequence[int], hurry: Callable[[], None]) -> None:
+    def __init__(self, signals: Sequence[int], hurry: Callable[[int, bool], None]) -> None:
+        """``hurry(signum, first)`` runs in the handler for every signal that does not raise
+        :class:`SignalReceived` (``first``: no signal came before it)."""
         self._signals = tuple(signals)
         self._hurry = hurry
         #: The last signal received (``None`` until one arrives).
@@ -91,29 +106,44 @@ class SignalForwarder:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         first = self.received is None
         self.received = signum
-        if first and self._interruptible:
+        if self._interruptible:
+            self._interruptible = False  # raised once: the code that catches it must not be cut short
             raise SignalReceived(signum)
-        if not first:
-            # A second Ctrl-C or SIGTERM: the user will not wait out --shutdown-timeout.
-            self._hurry()
+        # A second Ctrl-C or SIGTERM: the user will not wait out --shutdown-timeout.
+        self._hurry(signum, first)
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[None]:
         """A block that a signal ends at once with :class:`SignalReceived` (or that does not
-        start, when one was already received): a rendezvous, where nothing can forward it."""
+        start, when one was already received): a wait where nothing can forward it. Nested
+        blocks are one block."""
+        outer = self._interruptible
+        if self.received is not None:
+            raise SignalReceived(self.received)
         self._interruptible = True
         try:
-            if self.received is not None:
-                raise SignalReceived(self.received)
             yield
         finally:
-            self._interruptible = False
+            self._interruptible = outer and self._interruptible
 
 
-def signal_message(signum: int) -> str:
-    """``received SIGTERM; workers were stopped`` (with what the signal usually means)."""
+def exit_now(signum: int) -> None:
+    """End this process at once with ``128 + signum``, after one line on stderr: a second
+    signal once the workers are gone (nothing is left to stop gracefully; the watchdog still
+    sweeps whatever the job left behind). Safe in a signal handler: no lock is taken."""
+    name = signal.Signals(signum).name
+    line = f"[launcher] WARNING: received {name} again: exiting at once ({128 + signum})\n"
+    with contextlib.suppress(OSError):
+        os.write(2, line.encode())
+    os._exit(128 + signum)
+
+
+def signal_message(signum: int, phase: str | None = None) -> str:
+    """``received SIGTERM; workers were stopped`` (with what the signal usually means), or with
+    ``phase`` (``waiting for the other nodes to join``): ``received SIGTERM while PHASE; stopped``."""
     from launcher.failures.exits import explain_signal
 
-    message = f"received {signal.Signals(signum).name}; workers were stopped"
+    name = signal.Signals(signum).name
+    message = f"received {name} while {phase}; stopped" if phase else f"received {name}; workers were stopped"
     why = explain_signal(signum)
     return f"{message} ({why})" if why else message

@@ -256,7 +256,8 @@ class PreemptionWatch:
         log.warning("%s", report.render())
         if self._record is not None:  # before the wait: a scheduler may kill this node any moment now
             self._record.preempted(report.signal_name, report.received_by)
-        self._wait_for_others()
+        if not self._hurried:  # a node told to stop now does not wait for the others either
+            self._wait_for_others()
         message = report.render()
         if self.settings.requeue and (self._info is None or self._info.group_rank == 0):  # one node requeues
             from launcher.preemption.requeue import requeue

@@ -143,7 +143,7 @@ def wait_until_reachable(host: str, port: int, timeout: float, run_id: str = "")
     endpoint = format_endpoint(host, port)
     start = time.monotonic()
     deadline = start + timeout
-    next_progress = start + _PROGRESS_INTERVAL
+    next_progress = start  # said at the first refusal (a node started before the host), then every interval
     delay = 0.05
     while True:
         infos = _resolve(host, port)
@@ -216,6 +216,26 @@ def _in_use(exc: BaseException) -> bool:
     return isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE
 
 
+#: Seconds a port this machine cannot bind may refuse connections before the agent calls it
+#: taken by another program: another agent of this machine that is starting its store listens
+#: within milliseconds of binding.
+TAKEN_WAIT = 2.0
+
+
+def _taken_by_another_program(host: str, port: int) -> bool:
+    """Whether ``port`` (which this machine cannot bind) keeps refusing connections for
+    :data:`TAKEN_WAIT` seconds: a socket that is not a store holds it, and nothing will ever
+    serve the rendezvous there (waiting would last the whole join timeout)."""
+    infos = _resolve(host, port)
+    deadline = time.monotonic() + TAKEN_WAIT
+    while True:
+        if _accepts(infos, 0.5) is None:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.1)
+
+
 def open_store(
     host: str, port: int, *, is_host: bool, explicit: bool, config: DynamicRendezvousConfig, run_id: str = ""
 ) -> tuple[KeyValueStore, Any]:
@@ -236,6 +256,11 @@ def open_store(
                 raise RendezvousError(
                     f"cannot serve the rendezvous store on port {port}: {exc}. Choose a free port in "
                     "--rdzv-endpoint, or stop the program that uses it"
+                ) from None
+            if _taken_by_another_program(host, port):
+                raise RendezvousError(
+                    f"port {port} on this machine is taken by another program that accepts no connections; "
+                    "choose another --rdzv-endpoint port"
                 ) from None
         else:
             log.info("rendezvous %r: this node serves the store on port %d", run_id, server.port)

@@ -37,10 +37,12 @@ from launcher.rendezvous.gate import StoreGate
 from launcher.rendezvous.keys import KEY_ROOT, RendezvousKeys
 from launcher.rendezvous.liveness import (
     LEFT,
+    STOPPED_GRACE,
     HeartbeatScheduler,
     LostNodes,
     RingWatcher,
     await_departures,
+    await_hangups,
     shared_scheduler,
 )
 from launcher.rendezvous.membership import Membership, NodeDescriptor
@@ -133,6 +135,7 @@ class DynamicRendezvousHandler:
             config=self._config,
             progress_interval=progress_interval,
         )
+        self._server = store_server
         self._gate = (
             StoreGate(store_server, self._config.store_admission, run_id) if store_server is not None else None
         )
@@ -154,6 +157,11 @@ class DynamicRendezvousHandler:
         #: Why the nodes of earlier rounds departed (this round's are in ``_lost``).
         self._reasons: dict[str, str] = {}
         self._shut_down = False
+        #: Set by :meth:`depart`: this node is being stopped.
+        self._stopping = False
+        #: Whether this node's agent is being stopped (a signal): the host then serves the
+        #: others' departure for seconds, not ``close_timeout`` (the agent sets it).
+        self.stop_requested: Callable[[], bool] = lambda: False
         self._workers = WorkersStore(self._ops, self._keys, self._node.addr, master_addr, master_port)
 
     @classmethod
@@ -360,6 +368,27 @@ class DynamicRendezvousHandler:
         reason = f"{self._node.id}: {self._failure}" if self._failure else "1"
         self._rounds.close_job(reason)
 
+    def depart(self, reason: str) -> bool:
+        """This node is being stopped (``stopped by SIGTERM``): tell the others before it goes.
+
+        Its departure is published with ``reason`` (:mod:`~launcher.rendezvous.departures`), as
+        when a node is lost: when the job can do without it (a spare waits, or the round has more
+        than MIN nodes; never the node that serves the store) the others re-form without it, and
+        ``True`` is returned; otherwise the job is closed for every node, naming this node and
+        ``reason``, and ``False`` is returned. A node in no round (waiting to join one) closes the
+        job the same way, unless it only waited as a spare. Raises what the store raises."""
+        self._stopping = True
+        m = self._current
+        if m is not None and len(m.ids) > 1 and self.put_out(self._node.id, reason) is None:
+            log.warning("rendezvous %r: this node leaves the job (%s); the others re-form without it",
+                        self._run_id, reason)
+            return True
+        self._failure = reason
+        self.set_closed()  # first: the others end at their next check (a departure alone would re-form)
+        if m is not None and len(m.ids) > 1:
+            report_departure(self._ops, self._keys, m.round, self._node.id, reason)
+        return False
+
     def _leave(self, *, rejoin: bool) -> None:
         """Stop heartbeats and tell the round's other nodes that this node left on purpose."""
         if self._watcher is not None:
@@ -404,6 +433,14 @@ class DynamicRendezvousHandler:
         host, port = parse_endpoint(self._store_address, 0)
         return reachability_problem(host, port, timeout)
 
+    def _stopped(self) -> bool:
+        if self._stopping:
+            return True
+        try:
+            return bool(self.stop_requested())
+        except Exception:  # a hook of the agent's: never a reason to serve on or to raise
+            return False
+
     def shutdown(self) -> bool:
         """Leave the round, close the store (and stop serving it, on the host).
 
@@ -423,7 +460,8 @@ class DynamicRendezvousHandler:
         elif self._is_host and self._current is not None:
             # Serve until the others have left (see "Leaving"), heartbeating meanwhile so
             # that their watchers do not report this node lost.
-            await_departures(self._ops, self._keys, self._current, self.lost_nodes, self._config.close_timeout)
+            await_departures(self._ops, self._keys, self._current, self.lost_nodes, self._config.close_timeout,
+                             self._stopped)
         elif self._is_host and self._last is not None and len(self._last.ids) > 1:
             # This node left its last round and found no new one (a failed rendezvous): a node
             # of that round may still be at its exit barrier, or reporting; serve it until it left.
@@ -434,7 +472,12 @@ class DynamicRendezvousHandler:
                 last,
                 lambda: reports.read(self._ops, self._keys, last.round),
                 self._config.close_timeout,
+                self._stopped,
             )
+        elif self._is_host and self._server is not None and self._stopped():
+            # Stopped while in no round (waiting to join one): the nodes waiting with it learn
+            # the job is closed from the store; serve it until they hung up (seconds at most).
+            await_hangups(self._server, STOPPED_GRACE)
         try:
             self._leave(rejoin=False)
         except Exception as exc:  # shutting down must not raise

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from launcher.rendezvous.api import RendezvousError
 from launcher.rendezvous.config import DynamicRendezvousConfig
@@ -28,10 +28,12 @@ from launcher.store.api import StoreError
 
 __all__ = [
     "LEFT",
+    "STOPPED_GRACE",
     "HeartbeatScheduler",
     "LostNodes",
     "RingWatcher",
     "await_departures",
+    "await_hangups",
     "has_left",
     "shared_scheduler",
 ]
@@ -245,19 +247,38 @@ if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork to surv
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+#: Seconds a node that serves the store and is stopped (a signal) still serves it for the others
+#: to leave: they learned the job is over from the rendezvous, and leave within a check or two.
+STOPPED_GRACE = 2.0
+
+
 def await_departures(
-    ops: StoreOps, keys: RendezvousKeys, m: Membership, lost_nodes: Callable[[], list[str]], close_timeout: float
+    ops: StoreOps,
+    keys: RendezvousKeys,
+    m: Membership,
+    lost_nodes: Callable[[], list[str]],
+    close_timeout: float,
+    stop: Callable[[], bool] | None = None,
 ) -> None:
     """Return once every participant of round ``m`` but this node has left.
 
     A participant has left once its heartbeat counter carries the "left" mark (its last write
     to the store). Participants that ``lost_nodes()`` names are not waited for; nobody is
-    waited for longer than ``close_timeout`` seconds.
+    waited for longer than ``close_timeout`` seconds, nor, once ``stop()`` is true (this node
+    is being stopped), longer than :data:`STOPPED_GRACE` from then.
     """
     pending = [rank for rank in range(len(m.ids)) if rank != m.rank]
     deadline = time.monotonic() + close_timeout
+    stopping = False
     pause = 0.01
     while pending:
+        if not stopping and stop is not None and stop():
+            stopping = True
+            if deadline > time.monotonic() + STOPPED_GRACE:
+                deadline = time.monotonic() + STOPPED_GRACE
+                close_timeout = STOPPED_GRACE
+            log.info("rendezvous %r: stopping; serving the store %g s more for the other nodes to leave",
+                     ops.run_id, STOPPED_GRACE)
         try:
             lost = set(lost_nodes())
             pending = [
@@ -273,12 +294,22 @@ def await_departures(
         now = time.monotonic()
         if now >= deadline:
             log.warning(
-                "rendezvous %r: %d node(s) had not left after %g s (close_timeout): %s; stopping the store",
+                "rendezvous %r: %d node(s) had not left after %g s (%s): %s; stopping the store",
                 ops.run_id,
                 len(pending),
                 close_timeout,
+                "this node is stopped" if stopping else "close_timeout",
                 list_ids([m.ids[rank] for rank in pending]),
             )
             return
         time.sleep(min(pause, deadline - now))
         pause = min(pause * 2, 0.2)
+
+
+def await_hangups(server: Any, grace: float) -> None:
+    """Return once ``server`` (a :class:`~launcher.store.server.StoreServer`) holds no connection
+    but this node's own, or ``grace`` seconds passed: the nodes that waited with a stopped host
+    in no round leave when they read that the job is closed, and no membership says who they are."""
+    deadline = time.monotonic() + grace
+    while server.client_count > 1 and time.monotonic() < deadline:
+        time.sleep(0.02)

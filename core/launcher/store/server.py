@@ -202,6 +202,11 @@ class StoreServer(ServeLoop):
         """Whether the serving thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def client_count(self) -> int:
+        """Connections open now (a stopped host waits for the others to hang up)."""
+        return len(self._conns)
+
     def start(self) -> StoreServer:
         """Bind (unless given a socket), listen and start serving; returns ``self``.
 
