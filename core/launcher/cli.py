@@ -21,7 +21,7 @@ from launcher.errors import LaunchError, UsageError
 from launcher.values import one_line, quote
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
-    from launcher.agent.watchdog import Watchdog
+    from launcher.containment.watchdog import Watchdog
     from launcher.failures.report import FailureReport
 
 log = logging.getLogger("launcher")
@@ -73,9 +73,9 @@ def write_root_cause(report: FailureReport, path: str) -> None:
 
 
 def _spawn_watchdog() -> Watchdog:
-    """The job's watchdog, its process started now (see :meth:`~launcher.agent.watchdog.Watchdog.spawn`)."""
-    from launcher.agent.cgroups import warm_up
-    from launcher.agent.watchdog import Watchdog
+    """The job's watchdog, its process started now (see :meth:`~launcher.containment.watchdog.Watchdog.spawn`)."""
+    from launcher.containment.cgroups import warm_up
+    from launcher.containment.watchdog import Watchdog
 
     warm_up()  # the kernel's wait before the agent can move into the job's cgroup, paid meanwhile
     watchdog = Watchdog(own_process=True)
@@ -89,7 +89,7 @@ def run(argv: Sequence[str]) -> int:
     command line ─► :class:`~launcher.config.LaunchConfig` ─► :class:`~launcher.plan.LaunchPlan`
     ─► :class:`~launcher.agent.agent.Agent`: every problem with the input ends the first two steps
     (a :class:`UsageError`, exit status 2) before the agent starts anything. Only the watchdog's
-    process runs by then (spawned early, see :meth:`~launcher.agent.watchdog.Watchdog.spawn`); it
+    process runs by then (spawned early, see :meth:`~launcher.containment.watchdog.Watchdog.spawn`); it
     is ended at once.
     """
     from launcher.command_line import config_from_args

@@ -122,7 +122,7 @@ class LaunchConfig:
     hang_timeout: float | None = None
     #: What counts as progress: ``heartbeat`` (launcher.heartbeat() calls) or ``output`` (those or any line).
     hang_watch: str = "heartbeat"
-    #: ``--preload``: modules a per-node template imports once, workers forked from it (launcher.agent.preload).
+    #: ``--preload``: modules a per-node template imports once, workers forked from it (launcher.preload.preload).
     preload: tuple[str, ...] = ()
 
     #: Every flag group's settings object by group name, a plugin's (``launcher_flag_groups``)

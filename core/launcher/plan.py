@@ -120,7 +120,7 @@ class WorkerPlan:
     #: Per local rank, ``--virtual-local-rank``'s overrides (empty mappings without it).
     device_env: tuple[Mapping[str, str], ...]
     cpus: CpuPlan
-    #: ``--preload``: modules the workers are forked with, already imported (launcher.agent.preload).
+    #: ``--preload``: modules the workers are forked with, already imported (launcher.preload.preload).
     preload: tuple[str, ...] = ()
 
 

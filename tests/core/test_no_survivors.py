@@ -32,13 +32,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from launcher.agent.cgroups import (
+from launcher.containment.cgroups import (
     cgroup2_directory,
     cgroup2_mounts,
     cgroup2_path,
     current_cgroup_directory,
 )
-from launcher.agent.containment import requested_mode
+from launcher.containment.mode import requested_mode
 
 from tests.conftest import LAUNCHER, launcher_env
 
@@ -634,7 +634,7 @@ def test_api_never_moves_the_callers_process_nor_kills_its_children(write_script
 
 
 def test_job_processes_matches_only_the_token(tmp_path):
-    from launcher.agent._watchdog_main import job_processes
+    from launcher.containment._watchdog_main import job_processes
 
     token = uuid.uuid4().hex
     mine = subprocess.Popen([*LAUNCHER[:1], "-c", "import time; time.sleep(600)"],

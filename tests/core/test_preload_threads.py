@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launcher.agent._preload_main import _hazard_reason
+from launcher.preload._preload_main import _hazard_reason
 
 from tests.core.test_preload import _comparable, _preload_lines, _run
 

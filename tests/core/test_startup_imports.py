@@ -46,7 +46,7 @@ OFF_THE_START_PATH = (
     "launcher.failures.oom", "launcher.hangs.monitor", "torch",
     # tempfile imports shutil, and shutil bz2, lzma and fnmatch (launcher.private_dirs; the
     # options' help formatter); the preloading machinery is for --preload only.
-    "tempfile", "shutil", "bz2", "lzma", "launcher.agent.preload",
+    "tempfile", "shutil", "bz2", "lzma", "launcher.preload.preload",
     # Parsed only once a peer connects to the store or join ranges are configured.
     "ipaddress",
 )

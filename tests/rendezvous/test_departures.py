@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher.agent._watchdog_main import __file__ as WATCHDOG_SCRIPT
+from launcher.containment._watchdog_main import __file__ as WATCHDOG_SCRIPT
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.departures import (
     AGENT_DIED,

@@ -60,8 +60,8 @@ def test_a_slow_rank_of_a_function_job_is_named(tmp_path):
 def test_the_preload_template_gets_no_straggler_variables():
     # One attempt's timing file in the template's environment would re-create the template at every
     # restart, and would let a module imported there see a rank's state: the workers alone get them.
-    from launcher.agent.preload import template_env
     from launcher.hangs.stacks import SITE_DIR
+    from launcher.preload.preload import template_env
 
     envs = [{"PATH": "/bin", "PYTHONPATH": SITE_DIR, "LAUNCHER_STRAGGLER_FILE": "/tmp/x/timings.1",
              "LAUNCHER_STRAGGLER_HOOK": "/x/timing.py", "LAUNCHER_STRAGGLER_SLOT": str(rank)} for rank in range(2)]

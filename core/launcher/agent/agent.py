@@ -31,7 +31,7 @@ from launcher.agent.reporting import NodeReporter
 from launcher.agent.restart import RestartTally, announce_restart, restarts_note, stop_failed
 from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, exit_now, signal_message
-from launcher.agent.watchdog import Watchdog
+from launcher.containment.watchdog import Watchdog
 from launcher.errors import LaunchError
 from launcher.health.api import EXIT_NODE_SICK
 from launcher.health.gate import HealthGate, NodeSick
@@ -42,7 +42,6 @@ from launcher.store.api import StoreError
 from launcher.stragglers.settings import monitor_for as straggler_monitor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.agent.preload import Preloader
     from launcher.events.bus import EventBus
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
@@ -50,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.hangs.report import HangReport
     from launcher.plan import LaunchPlan
     from launcher.preemption.watch import PreemptionWatch
+    from launcher.preload.preload import Preloader
     from launcher.recovery.inplace import InPlaceRecovery
     from launcher.rendezvous.api import RendezvousHandler, RendezvousInfo
 
@@ -67,7 +67,7 @@ class Agent:
         """``handler`` replaces the one the plan's rendezvous backend would create (tests).
         ``own_process``: this process is the launcher's own (the command line, not the Python API),
         so the job's containment may move it into the job's cgroup or make it a child subreaper
-        (:mod:`launcher.agent.containment`). ``watchdog``: one already spawned for this agent (the
+        (:mod:`launcher.containment.containment`). ``watchdog``: one already spawned for this agent (the
         command line spawns it early, :meth:`Watchdog.spawn`); the agent starts and stops it."""
         self._own_process = own_process
         self._watchdog = watchdog
@@ -173,9 +173,9 @@ class Agent:
             try:
                 if not watchdog.start():
                     log.warning("cannot start the watchdog: workers will die with the agent, their children may not")
-                # --preload: the template's imports overlap the rendezvous (launcher.agent.preload).
+                # --preload: the template's imports overlap the rendezvous (launcher.preload.preload).
                 if plan.workers.preload:
-                    from launcher.agent.preload import start_preloader
+                    from launcher.preload.preload import start_preloader
 
                     self._preload = start_preloader(plan, watchdog)
                 if self._preload is not None:

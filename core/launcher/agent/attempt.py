@@ -20,7 +20,7 @@ from launcher.private_dirs import make_private_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.agent import Agent
-    from launcher.agent.watchdog import Watchdog
+    from launcher.containment.watchdog import Watchdog
     from launcher.logs.pump import OutputPump
     from launcher.rendezvous.api import RendezvousInfo
 

@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from launcher.agent._watchdog_main import descendants, job_processes
-from launcher.agent.containment import POLL_INTERVAL
 from launcher.agent.process import FunctionWorker, WorkerProcess, start_command, start_function
-from launcher.agent.watchdog import Watchdog, job_env
+from launcher.containment._watchdog_main import descendants, job_processes
+from launcher.containment.containment import POLL_INTERVAL
+from launcher.containment.watchdog import Watchdog, job_env
 from launcher.logs.pump import OutputPump, StreamRoute, open_log
 from launcher.logs.specs import CONSOLE
 from launcher.logs.terminal import WorkerTerminals, stream_wants_terminal
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.agent.preload import Preloader
     from launcher.plugins.types import LogsDestinations
+    from launcher.preload.preload import Preloader
 
 log = logging.getLogger("launcher.agent")
 

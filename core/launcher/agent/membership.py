@@ -16,7 +16,7 @@ from launcher.store.api import StoreError
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.reporting import NodeReporter
     from launcher.agent.result import AgentResult
-    from launcher.agent.watchdog import Watchdog
+    from launcher.containment.watchdog import Watchdog
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
     from launcher.hangs.report import HangReport

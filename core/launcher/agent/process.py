@@ -6,7 +6,7 @@ SIGKILL so that it cannot outlive an agent that is killed outright. Its stdout a
 pipes the agent reads. Exit is observed through a file descriptor (a pidfd, or the
 multiprocessing sentinel) that the agent's selector watches, so a worker's exit is noticed at
 once, not at the next poll. With ``--preload`` a worker is forked from a template process instead
-(:mod:`launcher.agent.preload`), and is still the agent's own child (:class:`ForkedWorker`).
+(:mod:`launcher.preload.preload`), and is still the agent's own child (:class:`ForkedWorker`).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def start_command(
 
 
 class ForkedWorker(ChildWorker):
-    """A worker forked from the ``--preload`` template (:mod:`launcher.agent.preload`).
+    """A worker forked from the ``--preload`` template (:mod:`launcher.preload.preload`).
 
     The template forks it twice and the agent is a child subreaper at that moment, so it is the
     agent's own child, as a :class:`CommandWorker` is: its status comes from ``waitpid`` and its
@@ -310,7 +310,7 @@ def _function_main(
 ) -> None:
     """Entry point of a function worker, in the child process."""
     if cgroup:  # the Python API's job cgroup: before anything here can start a process
-        from launcher.agent._watchdog_main import move_to_cgroup
+        from launcher.containment._watchdog_main import move_to_cgroup
 
         with contextlib.suppress(OSError):
             move_to_cgroup(cgroup)
@@ -340,7 +340,7 @@ def _function_main(
         # Before fn runs, but torch.distributed may be imported already (spawn re-imports the
         # caller's main module, fork inherits it): install() wraps it at once in that case.
         install()
-    from launcher.agent import exit_teardown
+    from launcher.preload import exit_teardown
 
     exit_teardown.arm()  # before the function runs: its own exit handlers run first
     result = fn(*args)

@@ -3,7 +3,7 @@
 Declared, parsed and checked here (:data:`FLAGS`); :func:`read_workers` gives one
 :class:`WorkerSettings`, the workers' command included. ``--preload`` (workers forked from a
 template that imported modules once) is a group of its own, :data:`PRELOAD_FLAGS`, declared here
-rather than beside its machinery (:mod:`launcher.agent.preload`), which only a preloading launch
+rather than beside its machinery (:mod:`launcher.preload.preload`), which only a preloading launch
 imports; one module fewer is also a little less start-up for every launch. The checks the Python API's
 :class:`~launcher.config.LaunchConfig` shares (:func:`check_start_method`, :func:`check_role`,
 :func:`check_worker_tty`, :func:`signal_numbers`) live here too, so a value is refused the same
@@ -256,7 +256,7 @@ FLAGS: FlagGroup[WorkerSettings] = FlagGroup(
 )
 
 
-# -- --preload: its own group (its machinery, launcher.agent.preload, is imported only when used) --
+# -- --preload: its own group (its machinery, launcher.preload.preload, is imported only when used) --
 
 
 class PreloadSettings(NamedTuple):

@@ -68,7 +68,7 @@ def find_cgroup_counters(
         path = path.rstrip("/")
         if controllers == "":  # cgroup v2, mounted alone or beside v1 (as "unified")
             # The nearest cgroup with the memory controller: v2 counts are hierarchical, and the
-            # job's own cgroup (launcher.agent.containment) enables no controller.
+            # job's own cgroup (launcher.containment.containment) enables no controller.
             ancestors = [path[:i] for i in range(len(path), 0, -1) if i == len(path) or path[i] == "/"]
             for base in (cgroup_root, os.path.join(cgroup_root, "unified")):
                 groups.append([*(f"{base}{p}/memory.events" for p in ancestors), f"{base}/memory.events"])

@@ -8,7 +8,7 @@ Python has begun finalising by then the thread cannot take the GIL, CPython ends
 dies of SIGABRT with ``terminate called without an active exception`` as its last stderr line,
 after everything it meant to print. Under torchrun, without ``--run-path``, such a script fails
 about half its runs; under launcher, ``--run-path`` workers tear the group down themselves
-(:mod:`launcher.agent.exit_teardown`), script workers cannot have that without running other code
+(:mod:`launcher.preload.exit_teardown`), script workers cannot have that without running other code
 than the user's script.
 """
 

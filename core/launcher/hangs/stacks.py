@@ -255,7 +255,7 @@ def _read_from(path: str, start: int) -> str:
 
 def process_tree(pid: int) -> set[int]:
     """``pid`` and its descendants (for :func:`collect`'s ``allowed``)."""
-    from launcher.agent._watchdog_main import descendants
+    from launcher.containment._watchdog_main import descendants
 
     return {pid} | set(descendants([pid]))
 

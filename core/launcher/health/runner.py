@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CheckOutcome", "ProcessResult", "run_checks", "run_process"]
 
 #: The job's watchdog token, which every process a check starts carries in its environment: the
-#: agent sets it (launcher.agent.watchdog), so that if the agent dies mid-check the watchdog kills
+#: agent sets it (launcher.containment.watchdog), so that if the agent dies mid-check the watchdog kills
 #: the check's processes with the rest of the job. Empty outside an agent.
 JOB_TOKEN: list[str] = []
 
@@ -108,7 +108,7 @@ def run_process(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
     """
     full_env = dict(os.environ if env is None else env)
     if JOB_TOKEN:
-        from launcher.agent.watchdog import job_env
+        from launcher.containment.watchdog import job_env
 
         full_env = job_env(full_env, JOB_TOKEN[-1])
     process = subprocess.Popen(

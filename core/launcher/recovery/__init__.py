@@ -8,7 +8,7 @@ by the connecting process's pid (``SO_PEERCRED``), not by what it says.
 
 from collections.abc import Mapping
 
-#: The job's token (``launcher.agent.watchdog.job_env``): ``outer:inner`` under a nested launcher.
+#: The job's token (``launcher.containment.watchdog.job_env``): ``outer:inner`` under a nested launcher.
 TOKEN_ENV = "LAUNCHER_JOB_TOKEN"
 
 

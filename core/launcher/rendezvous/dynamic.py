@@ -330,7 +330,7 @@ class DynamicRendezvousHandler:
 
     def death_notice(self) -> list[str] | None:
         """A command that, run once this node's agent died, reports this node gone from its round
-        at once (its watchdog runs it: ``launcher.agent.watchdog``); ``None`` when the store sees
+        at once (its watchdog runs it: ``launcher.containment.watchdog``); ``None`` when the store sees
         a death by itself (c10d: the connection closes, ``launcher.rendezvous.disconnects``) or
         this node is alone. The store offers it (``death_notice(run_id, round, node, rank)``)."""
         m = self._current

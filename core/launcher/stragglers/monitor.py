@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from launcher.stragglers import cluster, report
-from launcher.stragglers.settings import StragglerSettings
 from launcher.stragglers.slots import RankTotals, TimingTable
 from launcher.stragglers.timing import STRAGGLER_FILE_ENV, STRAGGLER_HOOK_ENV, STRAGGLER_PID_ENV, STRAGGLER_SLOT_ENV
 from launcher.stragglers.verdict import (
@@ -52,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.rendezvous.api import RendezvousInfo
     from launcher.store.client import TCPStoreClient
     from launcher.stragglers.exclusion import Exclusion
+    from launcher.stragglers.settings import StragglerSettings
 
 log = logging.getLogger("launcher.stragglers")
 

@@ -2,7 +2,7 @@
 
 etcd sees no connection close when an agent dies: its lease lives on until its TTL runs out, and
 its heartbeat stops only as the ring sees it, a heartbeat timeout later. The agent's watchdog
-(``launcher.agent.watchdog``), which notices the agent's death at once, runs this module with the
+(``launcher.containment.watchdog``), which notices the agent's death at once, runs this module with the
 node's last round: it publishes the departure (``agent process died``) through the core's one
 record of departures (``launcher.rendezvous.departures``) and revokes the dead agent's lease, so
 that its keys go too. The survivors re-form at their next membership check, and a spare takes

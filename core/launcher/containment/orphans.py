@@ -1,4 +1,4 @@
-"""The ``subreaper`` fallback of :mod:`launcher.agent.containment`: the orphans the agent adopts.
+"""The ``subreaper`` fallback of :mod:`launcher.containment.containment`: the orphans the agent adopts.
 
 Where no cgroup is writable, the command line's agent is a child subreaper
 (``PR_SET_CHILD_SUBREAPER``): a process orphaned below a worker (a double-forked daemon)
@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Collection
 
-from launcher.agent._watchdog_main import descendants, proc_stat
+from launcher.containment._watchdog_main import descendants, proc_stat
 
 log = logging.getLogger("launcher.agent")
 

@@ -1,9 +1,9 @@
-"""The sweep of :mod:`launcher.agent.containment`: what a job's ended workers left, SIGKILLed until none is left.
+"""The sweep of :mod:`launcher.containment.containment`: what a job's ended workers left, SIGKILLed until none is left.
 
 Run whenever a worker group ends (and at the end of the job in ``subreaper`` mode). What is
 left is, in ``cgroup`` mode, every process of the job's cgroup but the agent, its own helpers
 and the workers; in ``subreaper`` mode, the orphans the agent adopted
-(:meth:`~launcher.agent.orphans.Orphans.leftovers`). Killing a process may orphan its children,
+(:meth:`~launcher.containment.orphans.Orphans.leftovers`). Killing a process may orphan its children,
 which re-parent (to the agent, or stay in the cgroup) a moment later: the sweep looks again
 until it finds nothing, or its time is up.
 """
@@ -16,8 +16,8 @@ import signal
 import time
 from collections.abc import Callable, Collection
 
-from launcher.agent._watchdog_main import cgroup_pids, descendants, proc_stat
-from launcher.agent.orphans import own_children
+from launcher.containment._watchdog_main import cgroup_pids, descendants, proc_stat
+from launcher.containment.orphans import own_children
 
 
 def cgroup_leftovers(job: str, own_process: bool, sid: int, spare: Collection[int],

@@ -392,7 +392,7 @@ def start_preloader(plan: Any, watchdog: Any) -> Preloader | None:
     workers = plan.workers
     preloader = Preloader.create(workers.preload, plan.entry, parent_death_signal=not watchdog.running)
     if preloader is not None:
-        from launcher.agent.watchdog import job_env
+        from launcher.containment.watchdog import job_env
 
         # The template is born in the job's cgroup (the command line), so what it forks is too.
         watchdog.containment.settle()

@@ -1,6 +1,6 @@
 """The preload template: imports modules once, then forks a worker from itself on each request.
 
-Run by the agent (``launcher.agent.preload``) as ``PYTHON -u _preload_main.py FD PATH0 MODULES
+Run by the agent (``launcher.preload.preload``) as ``PYTHON -u _preload_main.py FD PATH0 MODULES
 [-- DISPLAY...]``, with the interpreter and flags a worker would get and the environment every
 worker shares. ``FD`` is this end of a ``SOCK_SEQPACKET`` socket pair; ``PATH0`` is what a worker's
 ``sys.path[0]`` would be (the script's directory, or the working directory for ``-m``); ``MODULES``
@@ -20,7 +20,7 @@ workers' interpreters may differ):
 
 A worker is forked twice (the middle process exits at once), so that it re-parents to the agent,
 which marks itself a child subreaper for the moment of the request: the worker is the agent's own
-child, exactly as one started with ``subprocess`` is (see ``launcher.agent.preload``). The worker
+child, exactly as one started with ``subprocess`` is (see ``launcher.preload.preload``). The worker
 then becomes what ``python -u SCRIPT ARGS`` would have been: its own session, the worker's
 environment, argv, working directory, CPU affinity, stdin ``/dev/null`` and the given stdout and
 stderr, and the script (or ``-m`` module) run as a fresh ``__main__``.

@@ -4,7 +4,7 @@ Run as ``python -I -S _watchdog_main.py TOKEN [JOB_CGROUP ORIGIN_CGROUP]`` (isol
 starts in milliseconds and imports nothing of launcher). Every process the job starts carries
 ``TOKEN`` in its environment (``LAUNCHER_JOB_TOKEN``, inherited at any depth and in any session), so
 the job's processes can be found by scanning ``/proc/*/environ`` without knowing their pids or
-parents. Where the agent contains the job in a cgroup v2 (``launcher.agent.containment``),
+parents. Where the agent contains the job in a cgroup v2 (``launcher.containment.containment``),
 ``JOB_CGROUP`` is that cgroup's directory: every process of the job is in it or below it, whatever
 its environment; the watchdog must not be, and steps out to ``ORIGIN_CGROUP`` (the agent's own
 cgroup) if it was born inside. The agent writes ``+PID`` for each worker it starts (the worker is

@@ -10,7 +10,7 @@ session or below it (and below an orphan the agent adopted as a child subreaper)
 watchdog cannot run do workers fall back to the parent-death signal, which kills the worker itself
 but not what it started (the agent's own stop-time sweep still runs on every clean stop).
 
-The watchdog owns the job's :class:`~launcher.agent.containment.Containment`: its set-up starts
+The watchdog owns the job's :class:`~launcher.containment.containment.Containment`: its set-up starts
 when the agent starts the watchdog (just before its process, or after it where the command line
 spawned the process early), creates the job's cgroup only once the watchdog runs (which is told
 where it goes, and removes it if the agent dies after creating it), and it is torn down just
@@ -24,8 +24,8 @@ import os
 import subprocess
 import sys
 
-from launcher.agent._watchdog_main import TOKEN_VARIABLE
-from launcher.agent.containment import Containment
+from launcher.containment._watchdog_main import TOKEN_VARIABLE
+from launcher.containment.containment import Containment
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), "_watchdog_main.py")
 

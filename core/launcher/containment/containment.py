@@ -37,9 +37,9 @@ function worker moves itself first thing, before it runs anything); what a comma
 in the microseconds between its exec and that move is still covered by the token.
 
 This module chooses the mode and sets it up, and creates, enters, kills and removes the job's
-cgroup; where the cgroup is found and the warm-up for the move are in :mod:`launcher.agent.cgroups`,
-the subreaper's adopted orphans in :mod:`launcher.agent.orphans` (loaded only in that mode), and
-the kill of what ended workers left in :mod:`launcher.agent.sweep` (loaded when a group ends).
+cgroup; where the cgroup is found and the warm-up for the move are in :mod:`launcher.containment.cgroups`,
+the subreaper's adopted orphans in :mod:`launcher.containment.orphans` (loaded only in that mode), and
+the kill of what ended workers left in :mod:`launcher.containment.sweep` (loaded when a group ends).
 """
 
 from __future__ import annotations
@@ -52,30 +52,17 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from launcher.agent._watchdog_main import cgroup_kill, cgroup_remove, move_to_cgroup
-from launcher.agent.cgroups import current_cgroup_directory, fast_switching, stop_warming, warming, warming_origin
+from launcher.containment._watchdog_main import cgroup_kill, cgroup_remove, move_to_cgroup
+from launcher.containment.cgroups import current_cgroup_directory, fast_switching, stop_warming, warming, warming_origin
+from launcher.containment.mode import requested_mode
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.agent.orphans import Orphans
+    from launcher.containment.orphans import Orphans
 
 log = logging.getLogger("launcher.agent")
 
-#: ``auto`` (the default): a cgroup where one is writable, else (command line) a child subreaper;
-#: ``subreaper``: never a cgroup (how the tests force the fallback); ``off``: neither.
-MODE_VARIABLE = "LAUNCHER_CONTAINMENT"
-MODES = ("auto", "subreaper", "off")
-
 #: Seconds between two looks for adopted orphans while a job runs (subreaper mode).
 POLL_INTERVAL = 0.25
-
-
-def requested_mode() -> str:
-    """The mode ``LAUNCHER_CONTAINMENT`` asks for (``auto`` when unset; warns and uses ``auto`` when invalid)."""
-    value = os.environ.get(MODE_VARIABLE, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        log.warning("%s=%s is not one of %s: using auto", MODE_VARIABLE, value, ", ".join(MODES))
-        return "auto"
-    return value
 
 
 class Containment:
@@ -233,7 +220,7 @@ class Containment:
             self._deferred = run
 
     def _become_subreaper(self) -> None:
-        from launcher.agent.orphans import become_subreaper
+        from launcher.containment.orphans import become_subreaper
 
         become_subreaper()
 
@@ -284,7 +271,7 @@ class Containment:
 
     def _adopted(self) -> Orphans:
         if self._orphans is None:
-            from launcher.agent.orphans import Orphans
+            from launcher.containment.orphans import Orphans
 
             self._orphans = Orphans(self._sid, self._register, POLL_INTERVAL)
         return self._orphans
@@ -304,12 +291,12 @@ class Containment:
     # -- stopping ------------------------------------------------------------------------------
 
     def sweep(self, spare: Collection[int] = (), helpers: Collection[int] = (), timeout: float = 5.0) -> set[int]:
-        """SIGKILL what the job's ended workers left (see :mod:`launcher.agent.sweep`), until none is
+        """SIGKILL what the job's ended workers left (see :mod:`launcher.containment.sweep`), until none is
         left; the pids killed. ``spare``: the workers (never killed or reaped here: their exit status
         is their handle's); ``helpers``: the agent's own processes (spared with what is below them)."""
         if self.mode == "none" or self._thread is not None:
             return set()
-        from launcher.agent.sweep import cgroup_leftovers, kill_until_none
+        from launcher.containment.sweep import cgroup_leftovers, kill_until_none
 
         if self.mode == "cgroup" and self.job is not None:
             job = self.job
@@ -346,7 +333,7 @@ class Containment:
             killed = self.sweep(helpers=helpers)
             if killed:
                 log.info("killed %d orphan(s) of the job (pids %s)", len(killed), ", ".join(map(str, sorted(killed))))
-            from launcher.agent.orphans import stop_being_subreaper
+            from launcher.containment.orphans import stop_being_subreaper
 
             stop_being_subreaper()
         self.mode = "none"

@@ -1,10 +1,10 @@
 """Where the agent's cgroup v2 is, and the warm-up for its move into the job's cgroup.
 
-The first half of the ``cgroup`` mode of :mod:`launcher.agent.containment`: finding the
+The first half of the ``cgroup`` mode of :mod:`launcher.containment.containment`: finding the
 directory of this process's cgroup v2 (its mount in ``/proc/self/mountinfo``, this process's
 place in it in ``/proc/self/cgroup``), and paying the kernel's wait for a move into a cgroup
 (an RCU grace period, 5-25 ms) while the command line still builds its plan. Creating, entering,
-killing and removing the job's cgroup is :class:`~launcher.agent.containment.Containment`'s.
+killing and removing the job's cgroup is :class:`~launcher.containment.containment.Containment`'s.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def warm_up() -> None:
     the agent's move into the job's cgroup (see :class:`_Warmer`) while the plan is being built.
     Costs about 0.3 ms here; does nothing where no cgroup v2 is mounted or the mode is not auto."""
     global _warmer
-    from launcher.agent.containment import requested_mode
+    from launcher.containment.mode import requested_mode
 
     stop_warming()
     if requested_mode() != "auto":
