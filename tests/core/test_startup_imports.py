@@ -53,13 +53,15 @@ OFF_THE_START_PATH = (
     # check starts no interpreter when the workers' is the agent's own (docs/health.md).
     "ctypes", "launcher.health.nvml",
     # Installed plugins declare their names cheaply: etcd's --rdzv-conf table loads when the
-    # backend is chosen, nodecheck's checks when a site configures them.
-    "launcher_etcd.settings", "launcher_nodecheck.checks",
+    # backend is chosen, nodecheck's checks when a site configures them, the webhook flags'
+    # reader when one of them is used.
+    "launcher_etcd.settings", "launcher_nodecheck.checks", "launcher_webhook.settings",
 )
 
 #: Plugin distributions installed for the plain launch below (their source directories and an
 #: entry point each, as pip would leave them): a plain launch loads their plugin modules only.
-PLUGINS = {"launcher-etcd": ("launcher_etcd", "etcd"), "launcher-nodecheck": ("launcher_nodecheck", "nodecheck")}
+PLUGINS = {"launcher-etcd": ("launcher_etcd", "etcd"), "launcher-nodecheck": ("launcher_nodecheck", "nodecheck"),
+           "launcher-webhook": ("launcher_webhook", "webhook")}
 
 
 def _with_plugins(site) -> dict[str, str]:
@@ -106,6 +108,6 @@ def test_modules_loaded_before_the_first_worker_starts(write_script, tmp_path):
     modules = json.loads(out.read_text())
     assert modules is not None, "no worker was started"
     assert "launcher.agent.group" in modules
-    assert {"launcher_etcd.plugin", "launcher_nodecheck.plugin"} <= set(modules), "the plugins were not loaded"
+    assert {f"{package}.plugin" for package, _ in PLUGINS.values()} <= set(modules), "the plugins were not loaded"
     early = [name for name in OFF_THE_START_PATH if name in modules]
     assert not early, f"loaded before the first worker starts: {early}"
