@@ -82,8 +82,8 @@ class HealthGate:
         outcomes = running.outcomes()
         self.last_outcomes = outcomes
         for outcome in outcomes:
-            log.debug("health check %r: %s %s (%.3f s)", outcome.name, outcome.result.status, outcome.result.reason,
-                      outcome.seconds)
+            log.debug("health check %r: %s%s (%.3f s)", outcome.name, outcome.result.status,
+                      f": {outcome.result.reason}" if outcome.result.reason else "", outcome.seconds)
         failed = [o for o in outcomes if o.result.is_sick]
         if not failed:
             return
