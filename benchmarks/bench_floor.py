@@ -40,7 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench_venv import ROOT, VENV, ensure_venv
-from revisions import extract, plugin_site, tree_env
+from revisions import commit_of, extract, plugin_site, tree_env
 
 NPROC = 4
 GOAL = 1.5
@@ -235,6 +235,7 @@ def main() -> None:
             f"launcher@{args.base}_over_torchrun": round(medians[f"launcher@{args.base}"] / medians["torchrun"], 3)}
            if args.base else {}),
         "plugins": args.plugins,
+        **({"base_commit": commit_of(args.base), "this_commit": commit_of("HEAD")} if args.base else {}),
         "goal_launcher_over_floor": GOAL,
         "runs": args.runs,
         **{f"{tool}_samples": [round(x, 4) for x in values] for tool, values in samples.items()},

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from revisions import ROOT, extract, tree_env  # noqa: E402
+from revisions import ROOT, commit_of, extract, tree_env  # noqa: E402
 
 GOAL_MS = 50.0
 
@@ -127,7 +127,8 @@ def main() -> None:
     verdict = "met" if figures["checks_cost"] < GOAL_MS else "NOT met"
     print(f"goal: the default checks cost < {GOAL_MS:g} ms before the first worker: {verdict}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"runs": args.runs, "unit": "ms", "figures": figures,
+        commits = {"base_commit": commit_of(args.base), "this_commit": commit_of("HEAD")} if args.base else {}
+        args.json.write_text(json.dumps({"runs": args.runs, "unit": "ms", "figures": figures, **commits,
                                          "load_average": [round(x, 2) for x in os.getloadavg()]}, indent=2) + "\n")
 
 

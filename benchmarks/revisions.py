@@ -21,6 +21,12 @@ PLUGINS = {"launcher-etcd": ("launcher_etcd", "etcd"), "launcher-nodecheck": ("l
            "launcher-webhook": ("launcher_webhook", "webhook")}
 
 
+def commit_of(revision: str) -> str:
+    """The commit ``revision`` names now (a branch moves: the figures say which one ran)."""
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", revision], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def extract(revision: str, dest: Path) -> Path:
     """``revision``'s ``core`` and ``plugins`` under ``dest``; returns ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
