@@ -17,7 +17,13 @@ it is importing modules, and how much of that is creating dataclasses.
 (``floor_imports.py``), then those plus ``typing`` and ``dataclasses``, then plus ``pluggy``: what a
 launcher that did nothing else would cost, so the goal can be read against what Python itself charges.
 
-Usage: ``python benchmarks/bench_floor.py [--runs 15] [--explain] [--bounds] [--json benchmarks/results/floor.json]``
+``--base REV`` runs another revision's launcher beside this checkout's, in the same run, taking turns
+(``revisions.py``: its ``core`` first on ``PYTHONPATH``; both then run as ``python -m launcher``).
+``--plugins`` installs the repository's plugin distributions (etcd, nodecheck, webhook) for both, as a
+site with them installed would have them.
+
+Usage: ``python benchmarks/bench_floor.py [--runs 15] [--explain] [--bounds] [--base REV] [--plugins]
+[--json benchmarks/results/floor.json]``
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench_venv import ROOT, VENV, ensure_venv
+from revisions import commit_of, extract, plugin_site, tree_env
 
 NPROC = 4
 GOAL = 1.5
@@ -58,16 +65,26 @@ BOUNDS = {
 }
 
 
-def commands(python: Path, bounds: bool = False) -> dict[str, list[str]]:
+#: A tool: its command and the environment it runs in.
+Tool = tuple[list[str], dict[str, str]]
+
+
+def commands(python: Path, bounds: bool = False, base: tuple[str, Path] | None = None,
+             site: Path | None = None) -> dict[str, Tool]:
+    """The tools, each with its environment. ``base``: (revision, its extracted tree), run beside
+    this checkout; ``site``: the plugins installed (``revisions.plugin_site``)."""
     flags = ["--standalone", "--nproc-per-node", str(NPROC)]
-    tools = {
-        "floor": [str(python), str(ROOT / "benchmarks" / "floor.py"), str(NPROC)],
-        "launcher": [str(VENV / "bin" / "launcher"), *flags],
-        "torchrun": [str(VENV / "bin" / "torchrun"), *flags],
-    }
+    env = clean_env()
+    tools: dict[str, Tool] = {"floor": ([str(python), str(ROOT / "benchmarks" / "floor.py"), str(NPROC)], env)}
+    if base is not None:  # both the same way: python -m launcher, each tree first on PYTHONPATH
+        tools["launcher"] = ([str(python), "-m", "launcher", *flags], tree_env(env, ROOT, site))
+        tools[f"launcher@{base[0]}"] = ([str(python), "-m", "launcher", *flags], tree_env(env, base[1], site))
+    else:
+        tools["launcher"] = ([str(VENV / "bin" / "launcher"), *flags], tree_env(env, ROOT, site) if site else env)
+    tools["torchrun"] = ([str(VENV / "bin" / "torchrun"), *flags], env)
     if bounds:
         for name, modules in BOUNDS.items():
-            tools[name] = [str(python), str(ROOT / "benchmarks" / "floor_imports.py"), modules, str(NPROC)]
+            tools[name] = ([str(python), str(ROOT / "benchmarks" / "floor_imports.py"), modules, str(NPROC)], env)
     return tools
 
 
@@ -117,11 +134,11 @@ finally:
 """
 
 
-def start_probe(python: Path, script: Path, work: Path) -> dict[str, float]:
+def start_probe(python: Path, script: Path, work: Path, env: dict[str, str]) -> dict[str, float]:
     """In-process milliseconds until launcher's first worker starts, importing modules and creating
     dataclasses in that time, and how many dataclasses."""
     result = subprocess.run([str(python), "-c", _START_PROBE, str(script), str(work), str(NPROC)],
-                            env=clean_env(), capture_output=True, text=True, timeout=300)
+                            env=env, capture_output=True, text=True, timeout=300)
     return dict(json.loads(result.stderr.strip().splitlines()[-1]))
 
 
@@ -132,21 +149,23 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def measure(cmd: list[str], script: Path, work: Path) -> float:
-    """Seconds from invoking ``cmd`` to the last worker's first line."""
+def measure(tool: Tool, script: Path, work: Path) -> float:
+    """Seconds from invoking the tool's command to the last worker's first line."""
+    cmd, env = tool
     out = Path(tempfile.mkdtemp(dir=work))
     start = time.time()
-    result = subprocess.run([*cmd, str(script), str(out)], env=clean_env(), stdout=subprocess.DEVNULL,
+    result = subprocess.run([*cmd, str(script), str(out)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, timeout=300)
     if result.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed: {result.stderr.decode()[-2000:]}")
     return max(float((out / str(rank)).read_text()) for rank in range(NPROC)) - start
 
 
-def explain(python: Path, script: Path, work: Path) -> dict[str, object]:
-    """Import time of launcher's start-up by top-level package, and the costliest modules (ms)."""
+def explain(python: Path, script: Path, work: Path, env: dict[str, str]) -> dict[str, object]:
+    """Import time of launcher's start-up by top-level package, and the costliest modules (ms),
+    in ``env`` (this checkout's launcher's)."""
     result = subprocess.run([str(python), "-X", "importtime", "-m", "launcher", "--standalone", "--nproc-per-node",
-                             str(NPROC), str(script), str(work)], env=clean_env(), capture_output=True, text=True,
+                             str(NPROC), str(script), str(work)], env=env, capture_output=True, text=True,
                             timeout=300)
     by_package: dict[str, float] = defaultdict(float)
     modules: list[tuple[float, str]] = []
@@ -164,7 +183,7 @@ def explain(python: Path, script: Path, work: Path) -> dict[str, object]:
     print("costliest modules (own time):")
     for ms, name in sorted(modules, reverse=True)[:15]:
         print(f"  {ms:7.1f} ms  {name}")
-    probes = [start_probe(python, script, work) for _ in range(PROBES)]
+    probes = [start_probe(python, script, work, env) for _ in range(PROBES)]
     probe = {key: statistics.median(p[key] for p in probes) for key in probes[0]}
     print(f"in-process, until the first worker starts (median of {PROBES}, no importtime): "
           f"{probe['to_first_worker_ms']:.1f} ms, of which importing modules {probe['imports_ms']:.1f} ms "
@@ -182,13 +201,18 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true", help="also show where launcher's start-up goes")
     parser.add_argument("--bounds", action="store_true",
                         help="also time the floor after the imports any Python launcher pays (floor_imports.py)")
+    parser.add_argument("--base", help="also run this git revision's launcher, taking turns (A/B in one run)")
+    parser.add_argument("--plugins", action="store_true",
+                        help="install the repository's plugin distributions for launcher (both revisions)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "floor.json"))
     args = parser.parse_args()
     python = ensure_venv()
-    tools = commands(python, args.bounds)
-    samples: dict[str, list[float]] = {tool: [] for tool in tools}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        site = plugin_site(work / "site") if args.plugins else None
+        base = (args.base, extract(args.base, work / "base")) if args.base else None
+        tools = commands(python, args.bounds, base, site)
+        samples: dict[str, list[float]] = {tool: [] for tool in tools}
         script = work / "noop.py"
         script.write_text(NOOP)
         for cmd in tools.values():  # warm the page cache (and compile bytecode) before timing
@@ -196,7 +220,7 @@ def main() -> None:
         for _ in range(args.runs):
             for tool, cmd in tools.items():
                 samples[tool].append(measure(cmd, script, work))
-        explained = explain(python, script, work) if args.explain else None
+        explained = explain(python, script, work, tools["launcher"][1]) if args.explain else None
     medians = {tool: statistics.median(values) for tool, values in samples.items()}
     results: dict[str, object] = {
         "title": f"{NPROC} no-op workers: invoke -> last worker's first line",
@@ -207,6 +231,11 @@ def main() -> None:
         "launcher_over_floor": round(medians["launcher"] / medians["floor"], 3),
         "torchrun_over_floor": round(medians["torchrun"] / medians["floor"], 3),
         "launcher_over_torchrun": round(medians["launcher"] / medians["torchrun"], 3),
+        **({f"launcher@{args.base}_over_floor": round(medians[f"launcher@{args.base}"] / medians["floor"], 3),
+            f"launcher@{args.base}_over_torchrun": round(medians[f"launcher@{args.base}"] / medians["torchrun"], 3)}
+           if args.base else {}),
+        "plugins": args.plugins,
+        **({"base_commit": commit_of(args.base), "this_commit": commit_of("HEAD")} if args.base else {}),
         "goal_launcher_over_floor": GOAL,
         "runs": args.runs,
         **{f"{tool}_samples": [round(x, 4) for x in values] for tool, values in samples.items()},
@@ -217,9 +246,12 @@ def main() -> None:
     print(f"\n{'tool':{width}s} | {'median':>9s} | over the floor")
     for tool, value in medians.items():
         print(f"{tool:{width}s} | {value * 1000:7.1f}ms | {value / medians['floor']:.2f}x"
-              + (f" (goal <= {GOAL}x)" if tool == "launcher" else ""))
+              + (f" (goal <= {GOAL}x)" if tool == "launcher" else "")
+              + (f", {value / medians['torchrun']:.3f}x torchrun" if tool.startswith("launcher") else ""))
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     results["meta"] = {"nproc_per_node": NPROC, "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                       "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                       "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "load_average": [round(x, 2) for x in os.getloadavg()]}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwritten to {args.json}")

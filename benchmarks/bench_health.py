@@ -12,7 +12,11 @@ first statement; each figure is the median, over ``--runs`` runs, of invoke -> t
   (:func:`launcher.health.runner.run_checks`), the median of the same number of runs, with each
   check's own median.
 
-Usage: ``python benchmarks/bench_health.py [--runs 7] [--json benchmarks/results/health.json]``
+``--base REV`` also runs another revision's two launches (``launch_default@REV``, ``launch_none@REV``),
+taking turns with the rest (``revisions.py``; every launcher then runs with its tree's ``core`` first
+on ``PYTHONPATH``): A/B in one run.
+
+Usage: ``python benchmarks/bench_health.py [--runs 7] [--base REV] [--json benchmarks/results/health.json]``
 (run it with the interpreter of an environment holding launcher and torch, e.g. ``.tox/py3/bin/python``).
 """
 
@@ -28,6 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revisions import ROOT, commit_of, extract, tree_env  # noqa: E402
+
 GOAL_MS = 50.0
 
 WORKER = """
@@ -39,19 +46,25 @@ with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as f:
 """
 
 
-def _commands(script: str, out: str) -> dict[str, list[str]]:
+def _commands(script: str, out: str, base: tuple[str, Path] | None = None) -> dict[str, tuple[list[str], dict]]:
     flags = ["--standalone", "--nproc-per-node", "1"]
-    return {
-        "launch_default": [sys.executable, "-m", "launcher", *flags, script, out],
-        "launch_none": [sys.executable, "-m", "launcher", *flags, "--health-checks", "none", script, out],
-        "torchrun": [sys.executable, "-m", "torch.distributed.run", *flags, script, out],
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
+    trees = {"": tree_env(env, ROOT) if base else env}
+    if base is not None:
+        trees[f"@{base[0]}"] = tree_env(env, base[1])
+    commands: dict[str, tuple[list[str], dict]] = {}
+    for suffix, tree in trees.items():
+        commands[f"launch_default{suffix}"] = ([sys.executable, "-m", "launcher", *flags, script, out], tree)
+        commands[f"launch_none{suffix}"] = (
+            [sys.executable, "-m", "launcher", *flags, "--health-checks", "none", script, out], tree)
+    commands["torchrun"] = ([sys.executable, "-m", "torch.distributed.run", *flags, script, out], env)
+    return commands
 
 
-def _one(argv: list[str], out: Path) -> float:
+def _one(command: tuple[list[str], dict], out: Path) -> float:
+    argv, env = command
     for name in os.listdir(out):
         os.unlink(out / name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_", "LAUNCHER_"))}
     started = time.time()
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=120)
     return (float((out / "0").read_text()) - started) * 1000.0
@@ -86,6 +99,7 @@ def _in_process(script: str, runs: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--base", help="also run this git revision's launches, taking turns (A/B in one run)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +107,8 @@ def main() -> None:
         Path(script).write_text(WORKER)
         out = Path(tmp) / "out"
         out.mkdir()
-        commands = _commands(script, str(out))
+        base = (args.base, extract(args.base, Path(tmp) / "base")) if args.base else None
+        commands = _commands(script, str(out), base)
         for argv in commands.values():  # warm the page cache once
             _one(argv, out)
         samples: dict[str, list[float]] = {name: [] for name in commands}
@@ -102,13 +117,19 @@ def main() -> None:
                 samples[name].append(_one(argv, out))
         figures = {name: statistics.median(values) for name, values in samples.items()}
         figures["checks_cost"] = figures["launch_default"] - figures["launch_none"]
+        if base is not None:
+            figures[f"checks_cost@{args.base}"] = (figures[f"launch_default@{args.base}"]
+                                                   - figures[f"launch_none@{args.base}"])
         figures.update(_in_process(script, args.runs))
     for name, value in figures.items():
         print(f"{name:>20}: {value:8.1f} ms")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     verdict = "met" if figures["checks_cost"] < GOAL_MS else "NOT met"
     print(f"goal: the default checks cost < {GOAL_MS:g} ms before the first worker: {verdict}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"runs": args.runs, "unit": "ms", "figures": figures}, indent=2) + "\n")
+        commits = {"base_commit": commit_of(args.base), "this_commit": commit_of("HEAD")} if args.base else {}
+        args.json.write_text(json.dumps({"runs": args.runs, "unit": "ms", "figures": figures, **commits,
+                                         "load_average": [round(x, 2) for x in os.getloadavg()]}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.plugins.manager import LauncherPluginManager
 
 __all__ = [
+    "NOT_GIVEN",
     "USAGE_LINE",
     "Flag",
     "FlagGroup",
@@ -110,6 +111,10 @@ class Flag(NamedTuple):
         return spelled
 
 
+#: :attr:`FlagGroup.unset` when the group gives none: its ``read`` always runs.
+NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
+
+
 class FlagGroup(Generic[S]):
     """A capability's flags and the reader that turns them into its settings object.
 
@@ -117,19 +122,51 @@ class FlagGroup(Generic[S]):
     object (or raises :class:`UsageError` with one line). It may ask ``values.settings(name)`` for
     another group's settings when a check needs them (the log streams' local ranks need the
     worker count).
+
+    A plugin can declare its flags without importing what reads them: ``read`` may be a reference,
+    ``"package.module:function"``, imported the first time it is needed, and ``unset`` the settings
+    object that stands for "no flag of the group used" (every value its declared default, no
+    variable set). With ``unset``, a launch that uses none of the group's flags never imports
+    ``read``'s module: ``--help`` and parsing need only the :class:`Flag` declarations.
     """
 
-    __slots__ = ("description", "flags", "name", "read", "title")
+    __slots__ = ("_read", "description", "flags", "name", "title", "unset")
 
-    def __init__(self, name: str, title: str, flags: Sequence[Flag], read: "Callable[[FlagValues], S]",
-                 description: str | None = None) -> None:
+    def __init__(self, name: str, title: str, flags: Sequence[Flag], read: "Callable[[FlagValues], S] | str",
+                 description: str | None = None, *, unset: Any = NOT_GIVEN) -> None:
         #: The settings object's key: ``settings["hangs"]``. Unique among all groups.
         self.name = name
         #: The heading in ``--help``.
         self.title = title
         self.flags = tuple(flags)
-        self.read = read
+        if isinstance(read, str) and (":" not in read or not all(read.split(":"))):
+            raise ValueError(f"flag group {name!r}: read {read!r} is not a reference like 'package.module:function'")
+        self._read = read
         self.description = description
+        #: The settings when no flag of the group is used (:data:`NOT_GIVEN`: always ``read``).
+        self.unset = unset
+
+    @property
+    def read(self) -> "Callable[[FlagValues], S]":
+        """The reader, imported now when it was given as a reference."""
+        if isinstance(self._read, str):
+            import importlib
+
+            module, _, attribute = self._read.partition(":")
+            target: Any = importlib.import_module(module)
+            for part in attribute.split("."):
+                target = getattr(target, part)
+            self._read = target
+        return self._read  # type: ignore[return-value]
+
+    def used(self, values: "FlagValues") -> bool:
+        """Whether any flag of the group has a value other than its declared default (given on
+        the command line, or through its environment variable)."""
+        for flag in self.flags:
+            default = False if flag.switch else flag.default
+            if values.get(flag.dest, default) != default:
+                return True
+        return False
 
     def __repr__(self) -> str:
         return f"FlagGroup({self.name!r}, flags={[flag.name for flag in self.flags]})"
@@ -190,7 +227,11 @@ class FlagValues:
                 raise RuntimeError(f"flag groups read each other in a cycle: {' -> '.join([*self._reading, name])}")
             self._reading.append(name)
             try:
-                self._settings[name] = self._groups[name].read(self)
+                group = self._groups[name]
+                if group.unset is not NOT_GIVEN and not group.used(self):
+                    self._settings[name] = group.unset  # nothing to read: read's module stays unloaded
+                else:
+                    self._settings[name] = group.read(self)
             finally:
                 self._reading.pop()
         return self._settings[name]

@@ -183,6 +183,30 @@ def test_groups_read_in_order_and_on_demand():
         read_groups(_parse(loop, []), loop)
 
 
+def test_a_declared_group_imports_its_reader_only_when_a_flag_is_used(tmp_path, monkeypatch):
+    """``read`` as a reference and ``unset``: a launch that uses none of the group's flags gets
+    ``unset`` and never imports the reader's module; one flag given (or its variable set) imports
+    and runs it."""
+    (tmp_path / "lazy_reader_module.py").write_text(
+        "def read(values):\n    return ('read', values['lazy_size'], values['lazy_on'])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("LAZY_SIZE", raising=False)
+    flags = (Flag("--lazy-size", default="3", env="LAZY_SIZE", help="a size"), Flag("--lazy-on", switch=True, help=""))
+
+    def settings(*argv: str) -> Any:
+        group = FlagGroup("lazy", "lazy", flags, read="lazy_reader_module:read", unset="defaults")
+        return read_groups(_parse([group], list(argv)), [group])["lazy"]
+
+    assert settings() == "defaults" and "lazy_reader_module" not in sys.modules
+    assert settings("--lazy-size", "3") == "defaults"  # the default, spelled out: nothing to read
+    assert settings("--lazy-on") == ("read", "3", True) and "lazy_reader_module" in sys.modules
+    monkeypatch.setenv("LAZY_SIZE", "5")
+    assert settings() == ("read", "5", False)
+    monkeypatch.delitem(sys.modules, "lazy_reader_module")
+    with pytest.raises(ValueError, match="is not a reference"):
+        FlagGroup("lazy", "lazy", flags, read="lazy_reader_module.read")
+
+
 def test_the_architecture_guides_example_group_works(tmp_path, monkeypatch):
     """docs/architecture.md's "Adding a flag" example, run: help, parse, read, a bad value's line."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()

@@ -49,7 +49,35 @@ OFF_THE_START_PATH = (
     "tempfile", "shutil", "bz2", "lzma", "launcher.preload.preload",
     # Parsed only once a peer connects to the store or join ranges are configured.
     "ipaddress",
+    # The gpu check loads NVML (and ctypes) only on a node with an NVIDIA driver; the python
+    # check starts no interpreter when the workers' is the agent's own (docs/health.md).
+    "ctypes", "launcher.health.nvml",
+    # Installed plugins declare their names cheaply: etcd's --rdzv-conf table loads when the
+    # backend is chosen, nodecheck's checks when a site configures them, the webhook flags'
+    # reader when one of them is used.
+    "launcher_etcd.settings", "launcher_nodecheck.checks", "launcher_webhook.settings",
 )
+
+#: Plugin distributions installed for the plain launch below (their source directories and an
+#: entry point each, as pip would leave them): a plain launch loads their plugin modules only.
+PLUGINS = {"launcher-etcd": ("launcher_etcd", "etcd"), "launcher-nodecheck": ("launcher_nodecheck", "nodecheck"),
+           "launcher-webhook": ("launcher_webhook", "webhook")}
+
+
+def _with_plugins(site) -> dict[str, str]:
+    """``launcher_env()`` with :data:`PLUGINS` installed: a ``.dist-info`` each in ``site``, their
+    packages from this checkout."""
+    from pathlib import Path
+
+    plugins = Path(__file__).resolve().parents[2] / "plugins"
+    paths = [str(site)]
+    for distribution, (package, name) in PLUGINS.items():
+        info = site / f"{distribution.replace('-', '_')}-0.1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1.0\n\n")
+        (info / "entry_points.txt").write_text(f"[launcher]\n{name} = {package}.plugin\n")
+        paths.append(str(plugins / distribution))
+    return launcher_env({"PYTHONPATH": ":".join(paths)})
 
 _MODULES_AT_FIRST_START = """
 import json, sys
@@ -75,10 +103,11 @@ def test_modules_loaded_before_the_first_worker_starts(write_script, tmp_path):
     script = write_script("noop.py", "pass\n")
     out = tmp_path / "modules.json"
     result = subprocess.run([sys.executable, "-c", _MODULES_AT_FIRST_START, script, str(out)],
-                            env=launcher_env(), capture_output=True, text=True, timeout=60)
+                            env=_with_plugins(tmp_path / "site"), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     modules = json.loads(out.read_text())
     assert modules is not None, "no worker was started"
     assert "launcher.agent.group" in modules
+    assert {f"{package}.plugin" for package, _ in PLUGINS.values()} <= set(modules), "the plugins were not loaded"
     early = [name for name in OFF_THE_START_PATH if name in modules]
     assert not early, f"loaded before the first worker starts: {early}"

@@ -36,7 +36,8 @@ def test_disk_threshold_is_validated():
 
 
 def test_python_script_and_module(tmp_path):
-    env = dict(os.environ)
+    # Another interpreter start setting than the agent's: the interpreter is started to prove it.
+    env = {**os.environ, "PYTHONWARNINGS": "default"}
     assert check_python(CheckContext(node="n", env=env, python=sys.executable, script="x.py")).status == HEALTHY
     ok = CheckContext(node="n", env=env, python=sys.executable, module="json.tool", preload=("email",))
     assert check_python(ok).status == HEALTHY
@@ -53,6 +54,25 @@ def test_python_script_and_module(tmp_path):
     # --preload modules are the preload template's to import (once per node), not the check's.
     preloaded = CheckContext(node="n", env=env_broken, python=sys.executable, script="x.py", preload=("brokenpkg",))
     assert check_python(preloaded).status == HEALTHY
+
+
+def test_python_skips_what_the_agents_own_start_proved(tmp_path):
+    """This interpreter, a script, the same start-up environment: nothing is run, and the
+    answer says why; a difference in any of the three runs the check."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # not read while an interpreter starts
+    result = check_python(CheckContext(node="n", env=env, python=sys.executable, script="x.py"))
+    assert result.status == SKIPPED
+    assert "this agent's own" in result.reason and "same environment" in result.reason
+    # A copy of the interpreter at another path is another interpreter.
+    other = tmp_path / "python3"
+    other.symlink_to(sys.executable)
+    assert check_python(CheckContext(node="n", env=env, python=str(other), script="x.py")).status == HEALTHY
+    # A -m entrypoint still has its package to find.
+    assert check_python(CheckContext(node="n", env=env, python=sys.executable, module="json.tool")).status == HEALTHY
+    # A PYTHONHOME given to the workers only: their interpreter cannot start.
+    broken = {**env, "PYTHONHOME": str(tmp_path / "no-such-home")}
+    result = check_python(CheckContext(node="n", env=broken, python=sys.executable, script="x.py"))
+    assert result.status == SICK and "failed starting" in result.reason
 
 
 def test_a_single_module_entrypoint_is_looked_up_not_run(tmp_path):

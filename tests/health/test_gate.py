@@ -82,3 +82,71 @@ def test_no_checks_means_nothing_runs(tmp_path, check_cmd, launcher_store_server
         assert gate.last_outcomes == []
     finally:
         handler.shutdown()
+
+
+def _waiting_check(tmp_path):
+    """A --health-check-cmd that writes its pid, then waits for the file ``go`` and fails."""
+    go, pid = tmp_path / "go", tmp_path / "check.pid"
+    path = tmp_path / "waiting-check.sh"
+    path.write_text(f"#!/bin/sh\necho $$ > {pid}.tmp\nmv {pid}.tmp {pid}\n"
+                    f"while [ ! -e {go} ]; do sleep 0.01; done\necho '{REASON}'\nexit 1\n")
+    path.chmod(0o755)
+    return str(path), go, pid
+
+
+def _wait_for(path, seconds=30.0):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path.exists(), f"{path} never appeared"
+
+
+def test_checks_run_beside_and_the_verdict_waits_for_them(tmp_path, launcher_store_server):
+    """start() returns while a check runs; verdict() waits for its answer, and a sick one still
+    raises and leaves its record before the node could join."""
+    command, go, pid = _waiting_check(tmp_path)
+    events = []
+    gate = HealthGate(_plan(tmp_path, command=command), lambda t, **d: events.append(t))
+    handler = _handler(launcher_store_server)
+    try:
+        gate.start()
+        _wait_for(pid)  # the check runs, and start() has returned: the agent goes on meanwhile
+        assert gate.last_outcomes == [] and events == []
+        go.touch()
+        with pytest.raises(NodeSick, match="nvidia-smi: GPU 5"):
+            gate.verdict(handler)
+        assert events == ["node_excluded"]
+        assert [o.name for o in gate.last_outcomes if o.result.is_sick] == ["command"]
+    finally:
+        handler.shutdown()
+
+
+def test_close_kills_the_processes_of_checks_not_waited_for(tmp_path):
+    import os
+    import signal
+    import time
+
+    command, go, pid = _waiting_check(tmp_path)
+    gate = HealthGate(_plan(tmp_path, command=command), lambda t, **d: None)
+    gate.start()
+    _wait_for(pid)
+    check_pid = int(pid.read_text())
+    try:
+        gate.close()  # the agent ends before the verdict (its rendezvous failed, say)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(check_pid):
+            time.sleep(0.01)
+        assert not _alive(check_pid), "the check's process outlived the gate"
+    finally:
+        if _alive(check_pid):
+            os.kill(check_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -173,6 +173,11 @@ class Agent:
             try:
                 if not watchdog.start():
                     log.warning("cannot start the watchdog: workers will die with the agent, their children may not")
+                # The first round's health checks run beside what follows, up to the join, which
+                # waits for their verdict (launcher.health.gate); in the job's containment from here.
+                self._health.job_token = watchdog.token  # the checks' processes carry the job's token
+                self._health.start()
+                stack.callback(self._health.close)
                 # --preload: the template's imports overlap the rendezvous (launcher.preload.preload).
                 if plan.workers.preload:
                     from launcher.preload.preload import start_preloader
@@ -189,7 +194,6 @@ class Agent:
                     handler.stop_requested = lambda: self._signals.received is not None
                 stack.callback(lambda: self._close_rendezvous(handler, result.exit_code))
                 stack.callback(self._kill_group)
-                self._health.job_token = watchdog.token  # the checks' processes carry the job's token
                 stack.callback(lambda: self._health.finish(handler, result, self._report.store_note is None))
                 result = self._loop(handler, pump, watchdog)
             except NodeSick as exc:  # a sick node joined nothing, one put out (a straggler) no more: says why
@@ -271,7 +275,7 @@ class Agent:
     def _rendezvous(self, handler: RendezvousHandler) -> RendezvousInfo:
         self._phase = "running the health checks"
         with self._signals.interruptible():  # a signal ends the checks' wait and the round's alike
-            self._health.before_join(handler)  # a sick node raises NodeSick instead of joining
+            self._health.verdict(handler)  # the checks' answer (started now if not yet): a sick node raises NodeSick
             self._stragglers.before_join(handler)  # a node put out as a straggler raises NodeExcluded
             started = time.monotonic()
             self._emit("rendezvous_started", restart_count=self._restart_count)

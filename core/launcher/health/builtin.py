@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Mapping
 
 from launcher.errors import UsageError
@@ -13,7 +14,7 @@ from launcher.health.runner import run_process
 from launcher.values import quote, read_float
 
 __all__ = ["MIN_FREE_BYTES", "MIN_FREE_ENV", "check_command", "check_disk", "check_python", "min_free_bytes",
-           "python_imports"]
+           "proves_nothing", "python_imports"]
 
 #: Free space the ``disk`` check wants under the log directory and the temporary directory, by
 #: default: 1 GiB, room for logs, error files, stack dumps and compile caches.
@@ -81,11 +82,47 @@ def python_imports(context: CheckContext) -> list[str]:
     return [context.module.split(".")[0]] if context.module else []
 
 
+#: The variables a Python interpreter reads while it starts (before the script runs): its own
+#: ``PYTHON*`` settings, the dynamic loader's ``LD_*``, the locale, and ``HOME`` (the user's
+#: site-packages). Two environments that agree on these start an interpreter the same way.
+_START_PREFIXES = ("PYTHON", "LD_", "LC_")
+_START_NAMES = ("HOME", "LANG")
+
+
+def _start_variables(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_START_PREFIXES) or k in _START_NAMES}
+
+
+def proves_nothing(context: CheckContext) -> str | None:
+    """Why running the ``python`` check would prove nothing the agent's own start did not, or
+    ``None`` when it must run.
+
+    It proves nothing when the workers run a script (no ``-m`` package to import) with this very
+    interpreter (the same path, started without ``-I``, ``-E`` or ``-S``, which skip what a worker
+    does) and the interpreter's start sees the same environment (:data:`_START_PREFIXES`,
+    :data:`_START_NAMES`): the agent's own start was that check.
+    """
+    if context.python is None or context.module is not None or context.script is None:
+        return None
+    if context.python != sys.executable:
+        return None
+    flags = sys.flags
+    if flags.isolated or flags.ignore_environment or flags.no_site or flags.no_user_site:
+        return None
+    if _start_variables(context.env) != _start_variables(os.environ):
+        return None
+    return (f"the workers' interpreter is this agent's own ({context.python}), running a script in the same "
+            "environment: the agent's start already proved it starts")
+
+
 def check_python(context: CheckContext) -> CheckResult:
     """The workers' interpreter starts (in the workers' environment) and imports
-    :func:`python_imports`. Skipped with ``--no-python``."""
+    :func:`python_imports`. Skipped with ``--no-python``, and when :func:`proves_nothing` says why."""
     if context.python is None:
         return skipped("the workers run a program, not Python (--no-python)")
+    needless = proves_nothing(context)
+    if needless is not None:
+        return skipped(needless)
     names = python_imports(context)
     code = "pass"
     if context.module and "." not in context.module:

@@ -1,9 +1,13 @@
 """What the agent calls: the checks before each round, and the other nodes' exclusions.
 
-:meth:`HealthGate.before_join` runs the plan's checks before each round this node joins; a sick
-node leaves its record on the job's :class:`~launcher.health.board.ExclusionBoard`, says one line
-and raises :class:`~launcher.health.api.NodeSick` (exit status
-:data:`~launcher.health.api.EXIT_NODE_SICK`) without joining. Healthy nodes :meth:`poll` the
+Before each round this node joins, the plan's checks run: :meth:`HealthGate.start` starts them
+and returns, so that they run beside the agent's way to the rendezvous (for the first round, from
+the moment the job's watchdog and containment are up: the handler is created, the store served or
+reached, meanwhile), and :meth:`HealthGate.verdict` waits for their answer before the node joins
+(:meth:`HealthGate.before_join` does both at once). A sick node leaves its record on the job's
+:class:`~launcher.health.board.ExclusionBoard`, says one line and raises
+:class:`~launcher.health.api.NodeSick` (exit status :data:`~launcher.health.api.EXIT_NODE_SICK`)
+without joining. Healthy nodes :meth:`poll` the
 board once their workers run and at every membership check, and :meth:`finish` reads it once
 more when the job ends: each excluded node is logged and emitted (``node_excluded``) once, and
 named again in the job's last lines.
@@ -20,7 +24,7 @@ from launcher.health.api import NodeSick
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.result import AgentResult
     from launcher.health.board import ExcludedNode, ExclusionBoard
-    from launcher.health.runner import CheckOutcome
+    from launcher.health.runner import CheckOutcome, RunningChecks
     from launcher.plan import LaunchPlan
 
 __all__ = ["HealthGate", "NodeSick"]
@@ -43,6 +47,8 @@ class HealthGate:
         self.last_outcomes: list[CheckOutcome] = []
         #: The job's watchdog token, which every process a check starts carries.
         self.job_token: str | None = None
+        #: The checks started for the next round, not yet answered (:meth:`start`).
+        self._running: RunningChecks | None = None
 
     def _board_of(self, handler: object) -> ExclusionBoard | None:
         if self._board is _UNSET:
@@ -51,21 +57,33 @@ class HealthGate:
             self._board = board_of(handler, self._plan.run_id)
         return self._board
 
-    def before_join(self, handler: object) -> None:
-        """Run the checks; raise :class:`NodeSick` (after leaving the record) when one fails."""
+    def start(self) -> None:
+        """Start the checks for the next round this node joins, and return at once (nothing when
+        no check is to run, or when they are already running)."""
         health = self._plan.health
-        if health is None:
+        if health is None or self._running is not None:
             return
-        from launcher.health.runner import JOB_TOKEN, run_checks
+        from launcher.health.runner import JOB_TOKEN, start_checks
 
         if self.job_token and self.job_token not in JOB_TOKEN:
             JOB_TOKEN.append(self.job_token)
+        self._running = start_checks(health.checks, health.context)
 
-        outcomes = run_checks(health.checks, health.context)
+    def verdict(self, handler: object) -> None:
+        """Wait for the checks :meth:`start` started (starting them first if it was not called);
+        raise :class:`NodeSick` (after leaving the record) when one failed. Each round's
+        checks answer once: the next call starts them again."""
+        health = self._plan.health
+        if health is None:
+            return
+        self.start()
+        running, self._running = self._running, None
+        assert running is not None
+        outcomes = running.outcomes()
         self.last_outcomes = outcomes
         for outcome in outcomes:
-            log.debug("health check %r: %s %s (%.3f s)", outcome.name, outcome.result.status, outcome.result.reason,
-                      outcome.seconds)
+            log.debug("health check %r: %s%s (%.3f s)", outcome.name, outcome.result.status,
+                      f": {outcome.result.reason}" if outcome.result.reason else "", outcome.seconds)
         failed = [o for o in outcomes if o.result.is_sick]
         if not failed:
             return
@@ -74,6 +92,21 @@ class HealthGate:
         self.excluded = NodeSick(self._plan.node, first.name, reason)
         self._post(handler, first.name, reason)
         raise self.excluded
+
+    def close(self) -> None:
+        """The agent ends: checks still running are not waited for, and the processes they run
+        are killed (a failure between :meth:`start` and :meth:`verdict` leaves none behind)."""
+        if self._running is None:
+            return
+        self._running = None
+        from launcher.health.runner import kill_check_processes
+
+        kill_check_processes()
+
+    def before_join(self, handler: object) -> None:
+        """Run the checks and wait for them: :meth:`start`, then :meth:`verdict`."""
+        self.start()
+        self.verdict(handler)
 
     def _post(self, handler: object, check: str, reason: str) -> None:
         from launcher.health.board import ExcludedNode

@@ -15,25 +15,29 @@ docs/health.md):
 Faults count on the GPUs the workers use only: every GPU, unless ``CUDA_VISIBLE_DEVICES`` names
 some (a bad GPU another job's workers use is not this job's problem).
 
-Skipped when NVML cannot be loaded or initialised (no NVIDIA driver: a CPU node), or when NVML
-sees no GPU and none is expected. Calls a GPU does not support (ECC on consumer GPUs, row
-remapping before Ampere) are not faults.
+Skipped when the node has no NVIDIA driver (:func:`nvidia_driver_present`: then NVML is not even
+loaded), when NVML cannot be loaded or initialised, or when NVML sees no GPU and none is expected.
+Calls a GPU does not support (ECC on consumer GPUs, row remapping before Ampere) are not faults.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from launcher.health.api import CheckContext, CheckResult, healthy, sick, skipped
-from launcher.health.nvml import (
-    NVML_ERROR_GPU_IS_LOST,
-    NVML_SUCCESS,
-    NvmlLibrary,
-    NvmlUnavailable,
-    error_name,
-)
 
-__all__ = ["GPU_DEVICE_KINDS", "check_gpus", "gpu_check"]
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.health.nvml import NvmlLibrary
+
+__all__ = ["DRIVER_PATHS", "GPU_DEVICE_KINDS", "check_gpus", "gpu_check", "nvidia_driver_present"]
+
+#: What an NVIDIA driver leaves on a node: the kernel module's ``/proc`` directory and control
+#: device (also inside a container the NVIDIA runtime set up), or WSL's GPU device. NVML cannot
+#: answer without one of them, so where none exists the check skips without loading NVML (ctypes
+#: and the binding cost milliseconds of every launch on a CPU node).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
 
 #: Device providers whose count is a count of NVIDIA GPUs.
 GPU_DEVICE_KINDS = frozenset({"gpu", "cuda"})
@@ -45,6 +49,10 @@ def gpu_check(load: Callable[[], NvmlLibrary] | None = None) -> Callable[[CheckC
     """The check, reading NVML through what ``load`` returns (default: the real library)."""
 
     def check(context: CheckContext) -> CheckResult:
+        if load is None and not nvidia_driver_present():
+            return skipped(f"no NVIDIA driver on this node (none of {', '.join(DRIVER_PATHS)} exists)")
+        from launcher.health.nvml import NvmlUnavailable
+
         try:
             if load is not None:
                 nvml = load()
@@ -57,6 +65,11 @@ def gpu_check(load: Callable[[], NvmlLibrary] | None = None) -> Callable[[CheckC
         return check_gpus(nvml, context)
 
     return check
+
+
+def nvidia_driver_present() -> bool:
+    """Whether any of :data:`DRIVER_PATHS` exists (a few ``stat`` calls, nothing loaded)."""
+    return any(os.path.exists(path) for path in DRIVER_PATHS)
 
 
 def _expected(context: CheckContext) -> tuple[list[str] | None, int | None]:
@@ -72,6 +85,8 @@ def _expected(context: CheckContext) -> tuple[list[str] | None, int | None]:
 
 def check_gpus(nvml: NvmlLibrary, context: CheckContext) -> CheckResult:
     """The answer for the devices ``nvml`` reports (see the module docstring)."""
+    from launcher.health.nvml import NVML_SUCCESS, error_name
+
     code = nvml.init()
     entries, expected = _expected(context)
     if code != NVML_SUCCESS:
@@ -106,6 +121,8 @@ def check_gpus(nvml: NvmlLibrary, context: CheckContext) -> CheckResult:
 
 def _device_problem(nvml: NvmlLibrary, index: int) -> tuple[str | None, str]:
     """What is wrong with GPU ``index`` (``None``: nothing), and its UUID ("" when unknown)."""
+    from launcher.health.nvml import NVML_ERROR_GPU_IS_LOST, NVML_SUCCESS, error_name
+
     code, device = nvml.handle(index)
     if code == NVML_ERROR_GPU_IS_LOST:
         return f"GPU {index} is lost from the bus", ""

@@ -1,6 +1,8 @@
 """Running health checks: all at once, each within its own time limit.
 
-Each check runs in a daemon thread; the runner waits for all of them up to the longest limit.
+Each check runs in a daemon thread; :func:`start_checks` starts them and returns at once (the agent
+runs them beside its rendezvous), and :meth:`RunningChecks.outcomes` waits for all of them up to
+the longest limit (:func:`run_checks` does both).
 A check still running at its limit is reported sick ("did not answer within N s"), and one that
 raised is reported sick with the exception, both naming the check: a broken check must not
 let a sick node in, nor hang the agent. Checks that run a process do it through
@@ -25,7 +27,7 @@ from launcher.health.api import CheckContext, CheckResult, sick
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.plugins.types import HealthCheck
 
-__all__ = ["CheckOutcome", "ProcessResult", "run_checks", "run_process"]
+__all__ = ["CheckOutcome", "ProcessResult", "RunningChecks", "run_checks", "run_process", "start_checks"]
 
 #: The job's watchdog token, which every process a check starts carries in its environment: the
 #: agent sets it (launcher.containment.watchdog), so that if the agent dies mid-check the watchdog kills
@@ -42,15 +44,22 @@ class CheckOutcome:
     seconds: float
 
 
-def run_checks(checks: Sequence[HealthCheck], context: CheckContext) -> list[CheckOutcome]:
-    """Every check of ``checks`` on ``context``, in parallel; the outcomes in the order given.
+class RunningChecks:
+    """Checks started by :func:`start_checks`: each in a daemon thread of its own, the first one
+    too (a check that hangs must not hang the agent). :meth:`outcomes` waits for them."""
 
-    Each runs in a daemon thread, the first one too: a check that hangs must not hang the agent.
-    """
-    started = time.monotonic()
-    results: dict[int, CheckOutcome] = {}
+    def __init__(self, checks: Sequence[HealthCheck], context: CheckContext) -> None:
+        self._checks = tuple(checks)
+        self._started = time.monotonic()
+        self._results: dict[int, CheckOutcome] = {}
+        self._threads: list[threading.Thread] = []
+        for index, check in enumerate(self._checks):
+            thread = threading.Thread(target=self._one, args=(index, check, context), name=f"health-{check.name}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
-    def one(index: int, check: HealthCheck) -> None:
+    def _one(self, index: int, check: HealthCheck, context: CheckContext) -> None:
         begun = time.monotonic()
         ctx = _with_limit(context, check.time_limit)
         try:
@@ -59,22 +68,31 @@ def run_checks(checks: Sequence[HealthCheck], context: CheckContext) -> list[Che
                 result = sick(f"the check returned {type(result).__name__}, not a CheckResult")
         except Exception as exc:  # a broken check is named, never lets the node in silently
             result = sick(f"the check raised {type(exc).__name__}: {exc}")
-        results[index] = CheckOutcome(check.name, result, time.monotonic() - begun)
+        self._results[index] = CheckOutcome(check.name, result, time.monotonic() - begun)
 
-    threads = []
-    for index, check in enumerate(checks):
-        thread = threading.Thread(target=one, args=(index, check), name=f"health-{check.name}", daemon=True)
-        thread.start()
-        threads.append(thread)
-    outcomes = []
-    for index, check in enumerate(checks):
-        threads[index].join(max(0.0, started + check.time_limit - time.monotonic()))
-        outcome = results.get(index)
-        if outcome is None:  # still running: its thread is a daemon, and is abandoned
-            outcome = CheckOutcome(check.name, sick(f"the check did not answer within {check.time_limit:g} s"),
-                                   check.time_limit)
-        outcomes.append(outcome)
-    return outcomes
+    def outcomes(self) -> list[CheckOutcome]:
+        """Every check's outcome, in the order given, once each has answered or reached its
+        limit (counted from the start): one still running at its limit is sick, and abandoned."""
+        outcomes = []
+        for index, check in enumerate(self._checks):
+            self._threads[index].join(max(0.0, self._started + check.time_limit - time.monotonic()))
+            outcome = self._results.get(index)
+            if outcome is None:  # still running: its thread is a daemon, and is abandoned
+                outcome = CheckOutcome(check.name, sick(f"the check did not answer within {check.time_limit:g} s"),
+                                       check.time_limit)
+            outcomes.append(outcome)
+        return outcomes
+
+
+def start_checks(checks: Sequence[HealthCheck], context: CheckContext) -> RunningChecks:
+    """Start every check of ``checks`` on ``context``, in parallel, and return at once: the
+    caller does other work beside them, then asks :meth:`RunningChecks.outcomes`."""
+    return RunningChecks(checks, context)
+
+
+def run_checks(checks: Sequence[HealthCheck], context: CheckContext) -> list[CheckOutcome]:
+    """Every check of ``checks`` on ``context``, in parallel; the outcomes in the order given."""
+    return start_checks(checks, context).outcomes()
 
 
 def _with_limit(context: CheckContext, limit: float) -> CheckContext:
@@ -115,6 +133,7 @@ def run_process(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=full_env, start_new_session=True,
     )
+    _RUNNING.add(process.pid)
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -127,9 +146,21 @@ def run_process(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
         if process.returncode is None:  # an exception (KeyboardInterrupt) while waiting
             _kill_group(process.pid)
             process.wait()
+        _RUNNING.discard(process.pid)
     # A child that outlived its parent (daemonised into the group) is no check's business to keep.
     _kill_group(process.pid)
     return ProcessResult(process.returncode, out.decode(errors="replace"))
+
+
+#: The process groups of the processes checks are running now (:func:`kill_check_processes`).
+_RUNNING: set[int] = set()
+
+
+def kill_check_processes() -> None:
+    """Kill the process group of every process a check is running now (the agent ends without
+    waiting for its checks' answer)."""
+    for pgid in list(_RUNNING):
+        _kill_group(pgid)
 
 
 def _kill_group(pgid: int) -> None:

@@ -22,6 +22,8 @@ from launcher.rendezvous.endpoint import check_resolvable, parse_endpoint
 from launcher.values import parse_seconds
 from launcher.values import quote as quote_value
 
+from launcher_etcd.plugin import CORE_KEYS_LEFT_OUT
+
 __all__ = [
     "ALL_CONFIG_KEYS",
     "CORE_KEYS",
@@ -83,9 +85,10 @@ ETCD_KEYS: Mapping[str, EtcdKey] = {
 #: ``secret_file``, which say who may use a store an agent serves: etcd's own authentication
 #: guards the rendezvous keys, and each round's workers' store admits only the round's
 #: participants by address (docs/etcd.md, "Who may use the stores").
-CORE_KEYS: frozenset[str] = frozenset(CORE_CONFIG_KEYS) - {"store_type", "is_host", "join_networks", "secret_file"}
+CORE_KEYS: frozenset[str] = frozenset(CORE_CONFIG_KEYS) - CORE_KEYS_LEFT_OUT
 
-#: Everything ``--rdzv-conf`` may say to this backend (``RendezvousBackend.config_keys``).
+#: Everything ``--rdzv-conf`` may say to this backend (``RendezvousBackend.config_keys``, which
+#: :mod:`launcher_etcd.plugin` declares by name without importing this module).
 ALL_CONFIG_KEYS: frozenset[str] = frozenset(ETCD_KEYS) | CORE_KEYS
 
 

@@ -12,7 +12,7 @@ import pytest
 from etcd_servers import PYTHON, python_env
 from launcher.plugins.manager import get_plugin_manager
 from launcher.plugins.types import RendezvousBackend
-from launcher_etcd.settings import ALL_CONFIG_KEYS
+from launcher_etcd.settings import ALL_CONFIG_KEYS, ETCD_KEYS
 
 
 def test_registers_etcd_and_torchruns_etcd_v2_as_one_backend() -> None:
@@ -23,6 +23,8 @@ def test_registers_etcd_and_torchruns_etcd_v2_as_one_backend() -> None:
     assert manager.get(RendezvousBackend, "ETCD-V2") is etcd
     assert etcd.aliases == ("etcd-v2",) and etcd.create_handler is not None and etcd.create_store is None
     assert etcd.config_keys == ALL_CONFIG_KEYS and etcd.config_keys is not None
+    # The plugin module declares the keys by name; the settings module holds their table.
+    assert frozenset(ETCD_KEYS) == launcher_etcd.plugin.ETCD_KEY_NAMES
     torchrun_names = {"protocol", "cacert", "cert", "key", "ssl_cert", "ssl_cert_key", "ca_cert", "read_timeout",
                       "etcd_prefix", "last_call_timeout", "timeout"}  # fmt: skip
     core_names = {"join_timeout", "heartbeat_timeout", "keep_alive_interval", "keep_alive_max_attempt", "close_timeout"}
@@ -39,7 +41,8 @@ def test_listing_backends_imports_no_etcd_client() -> None:
         manager = get_plugin_manager(load_entrypoints=False, environ={})
         manager.register_plugin(launcher_etcd.plugin)
         manager.get(RendezvousBackend, "etcd")
-        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("etcd3gw", "requests", "urllib3", "torch"))
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("etcd3gw", "requests", "urllib3", "torch")
+                       or m == "launcher_etcd.settings")
         print(json.dumps(heavy))
         """
     )

@@ -15,10 +15,9 @@ import os
 
 from launcher.health.api import CheckContext, CheckResult, healthy, sick, skipped
 
-__all__ = ["MIN_SHM_ENV", "MOUNTS_ENV", "SHM_PATH", "check_mounts", "check_shm"]
+from launcher_nodecheck.plugin import MIN_SHM_ENV, MOUNTS_ENV
 
-MOUNTS_ENV = "LAUNCHER_NODECHECK_MOUNTS"
-MIN_SHM_ENV = "LAUNCHER_NODECHECK_MIN_SHM_GIB"
+__all__ = ["MIN_SHM_ENV", "MOUNTS_ENV", "SHM_PATH", "check_mounts", "check_shm"]
 #: Where shared memory lives (``LAUNCHER_NODECHECK_SHM_PATH`` changes it, for tests).
 SHM_PATH = "/dev/shm"
 

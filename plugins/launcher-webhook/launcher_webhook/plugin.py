@@ -1,7 +1,8 @@
 """The plugin module the ``launcher`` entry point names: registers the ``webhook`` event handler.
 
-Cheap to import (listing plugins and every launch import it, with the flags of
-:mod:`launcher_webhook.settings`): the sink's module loads only when it is chosen.
+Cheap to import (listing plugins and every launch import it, with the flags' declaration,
+:mod:`launcher_webhook.flags`): the flags' reader loads only when a webhook flag is used, the sink's
+module only when it is chosen.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from typing import TYPE_CHECKING
 from launcher.plugins import hookimpl
 from launcher.plugins.types import EventHandler
 
-from launcher_webhook.settings import FLAGS
+from launcher_webhook.flags import FLAGS
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from launcher.events.model import EventSink, SinkContext
     from launcher.flags import FlagGroup
 
-    from launcher_webhook.settings import WebhookOptions
+    from launcher_webhook.flags import WebhookOptions
 
 
 def _create(context: SinkContext) -> EventSink:

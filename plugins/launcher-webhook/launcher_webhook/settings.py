@@ -1,36 +1,25 @@
-"""The webhook sink's flags: ``--webhook-url`` and its batch and retry settings, one flag group.
+"""The webhook sink's flags read and checked: ``--webhook-url`` and its batch and retry settings.
 
-Declared, parsed and checked here (:data:`FLAGS`, registered by :mod:`launcher_webhook.plugin`),
-so ``launcher --help`` lists them and a bad value stops the launch with one line before anything
-starts. Each flag falls back on its ``LAUNCHER_WEBHOOK_*`` variable, as the settings always did.
-The token stays an environment variable only: a command line is visible to every user of the
-machine (``ps``). Light to import: every launch with this plugin installed reads these flags.
+The flags themselves are declared in :mod:`launcher_webhook.flags` (:data:`FLAGS`, registered by
+:mod:`launcher_webhook.plugin`), which names this module's :func:`read_webhook` without importing
+it: a launch that uses no webhook flag loads neither. A bad value stops the launch with one line
+before anything starts. Each flag falls back on its ``LAUNCHER_WEBHOOK_*`` variable, as the
+settings always did. The token stays an environment variable only: a command line is visible to
+every user of the machine (``ps``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from launcher.errors import UsageError
-from launcher.flags import Flag, FlagGroup, FlagValues
+from launcher.flags import FlagValues
 from launcher.values import MAX_SECONDS, parse_int, parse_seconds
+
+from launcher_webhook.flags import FLAGS, WebhookOptions
 
 __all__ = ["FLAGS", "WebhookOptions", "check_url", "read_webhook", "redact"]
 
 #: Upper bound of the counts: far above any real need, low enough to catch a typo.
 MAX_COUNT = 1_000_000
-
-
-class WebhookOptions(NamedTuple):
-    """What the webhook flags (or their variables) say; ``url`` is ``None`` when neither gives one."""
-
-    url: str | None = None
-    timeout: float = 5.0
-    batch_size: int = 50
-    max_queue: int = 1000
-    retries: int = 3
-    backoff: float = 0.5
-    close_timeout: float = 4.0
 
 
 def redact(url: str) -> str:
@@ -85,26 +74,3 @@ def read_webhook(values: FlagValues) -> WebhookOptions:
         backoff=seconds("backoff"),
         close_timeout=seconds("close_timeout"),
     )
-
-
-FLAGS: FlagGroup[WebhookOptions] = FlagGroup(
-    name="webhook",
-    title="webhook event handler (launcher-webhook; --event-log-handler webhook)",
-    read=read_webhook,
-    flags=(
-        Flag("--webhook-url", env="LAUNCHER_WEBHOOK_URL", underscore=False,
-             help="http:// or https:// URL that receives the events (LAUNCHER_WEBHOOK_URL)."),
-        Flag("--webhook-batch-size", env="LAUNCHER_WEBHOOK_BATCH_SIZE", underscore=False,
-             help="Most events in one request (default 50; LAUNCHER_WEBHOOK_BATCH_SIZE)."),
-        Flag("--webhook-max-queue", env="LAUNCHER_WEBHOOK_MAX_QUEUE", underscore=False,
-             help="Most events waiting to be sent; beyond it the oldest are dropped (default 1000)."),
-        Flag("--webhook-timeout", env="LAUNCHER_WEBHOOK_TIMEOUT", underscore=False,
-             help="Seconds one request may take (default 5)."),
-        Flag("--webhook-retries", env="LAUNCHER_WEBHOOK_RETRIES", underscore=False,
-             help="Further attempts after a failed request (default 3)."),
-        Flag("--webhook-backoff", env="LAUNCHER_WEBHOOK_BACKOFF", underscore=False,
-             help="Seconds before the first retry, doubled with each further one (default 0.5)."),
-        Flag("--webhook-close-timeout", env="LAUNCHER_WEBHOOK_CLOSE_TIMEOUT", underscore=False,
-             help="Seconds spent at the end of the job sending what is still queued (default 4)."),
-    ),
-)
