@@ -23,8 +23,8 @@ def server():
 
 
 def _exchange_all(server: StoreServer, summaries: list[NodeSummary], tolerance: float, alarm: dict,
-                  *, absent: int | None = None, timeout: float = 30.0) -> list[HangReport]:
-    """Every node (but ``absent``) on a thread of its own, as HangMonitor._diagnose: exchange, then its report."""
+                  *, absent: set[int] = frozenset(), timeout: float = 30.0, run: str = "rec") -> list[HangReport]:
+    """Every node (but those ``absent``) on a thread of its own, as HangMonitor._diagnose: exchange, then its report."""
     world = len(summaries)
     reports: list[HangReport | None] = [None] * world
     errors: list[BaseException] = []
@@ -32,7 +32,7 @@ def _exchange_all(server: StoreServer, summaries: list[NodeSummary], tolerance: 
     def node(i: int) -> None:
         try:
             with TCPStoreClient(server.host, server.port, timeout=timeout + 10.0) as store:
-                nodes, missing, omitted, reason = cluster.exchange(store, cluster.prefix("rec", 0), summaries[i],
+                nodes, missing, omitted, reason = cluster.exchange(store, cluster.prefix(run, 0), summaries[i],
                                                                    world, tolerance=tolerance, timeout=timeout)
             report = HangReport(alarm["node"], alarm["reason"], nodes, missing, tolerance=tolerance, omitted=omitted)
             report.reason = reason or report.culprit_reason() or report.reason
@@ -40,7 +40,7 @@ def _exchange_all(server: StoreServer, summaries: list[NodeSummary], tolerance: 
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=node, args=(i,)) for i in range(world) if i != absent]
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(world) if i not in absent]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -73,15 +73,18 @@ def test_a_report_too_big_keeps_the_culprits_nodes_and_says_so(server) -> None:
         assert f"{report.omitted} other node(s) left out here" in report.render()
 
 
-def test_without_the_merging_node_a_node_reports_its_own_ranks(server) -> None:
+def test_without_the_merging_node_the_backup_merges_and_without_both_a_node_reports_its_own(server) -> None:
     recorded = json.loads(RECORDED.read_text())
     summaries = [NodeSummary.from_dict(item) for item in recorded["summaries"]]
-    reports = _exchange_all(server, summaries, recorded["tolerance"], recorded["alarm"], absent=cluster.MERGER,
+    reports = _exchange_all(server, summaries, recorded["tolerance"], recorded["alarm"], absent={cluster.MERGER},
                             timeout=0.5)
-    for report, own in zip(reports, (1, 2), strict=True):
-        assert [n.group_rank for n in report.nodes] == [own]
-        assert report.missing == [r for r in range(3) if r != own]
-        assert "No answer from node(s) with group rank" in report.render()
+    assert [[n.group_rank for n in r.nodes] for r in reports] == [[1, 2], [1, 2]]
+    assert reports[0].missing == reports[1].missing == [cluster.MERGER]
+    assert reports[0].render() == reports[1].render()
+    alone = _exchange_all(server, summaries, recorded["tolerance"], recorded["alarm"],
+                          absent={cluster.MERGER, cluster.BACKUP_MERGER}, timeout=0.5, run="alone")
+    assert [n.group_rank for n in alone[0].nodes] == [2] and alone[0].missing == [0, 1]
+    assert "No answer from node(s) with group rank 0-1" in alone[0].render()
 
 
 def test_each_node_costs_the_same_at_50_and_200_nodes(server) -> None:

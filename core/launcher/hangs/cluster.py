@@ -25,8 +25,9 @@ for the merged report before it stops its workers: the merging node writes it on
 published, so no node's workers are torn down while another is still taking their peers' stacks.
 A node thus makes O(1) store requests and reads O(1) bytes (at most :data:`MERGED_LIMIT`) at a
 hang, whatever the number of nodes; the merging node reads every summary. When no merged report
-comes (the merging node died with the hang), a node reports its own ranks and names the others
-missing.
+comes in time (the merging node died, or its workers had ended before the hang), group rank
+:data:`BACKUP_MERGER` merges instead (the first merged report written stands); without either, a
+node reports its own ranks and names the others missing.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ log = logging.getLogger("launcher.hangs")
 
 #: The group rank that merges every node's summary into the one report all read.
 MERGER = 0
+#: The group rank that merges instead when no merged report comes in time.
+BACKUP_MERGER = 1
 #: Most bytes of the merged report (what every node reads at a hang).
 MERGED_LIMIT = 64 * 1024
 #: Above the limit, the merged report keeps the nodes of this many likeliest culprits.
@@ -130,7 +133,7 @@ def publish_merged(store: KeyValueStore, base: str, nodes: list[NodeSummary], mi
         omitted = len(nodes) - len(kept)
         body.update(nodes=[node.to_dict(full=False) for node in kept], omitted=omitted)
         value = json.dumps(body, separators=(",", ":")).encode()
-    store.set(f"{base}/merged", value)
+    store.compare_set(f"{base}/merged", b"", value)  # the first merged report stands (see BACKUP_MERGER)
     return kept, omitted
 
 
@@ -151,26 +154,55 @@ def exchange(store: KeyValueStore, base: str, summary: NodeSummary, world: int, 
     group-rank order (``summary`` itself in its place), the group ranks missing, the nodes left
     out of the merged report, and the culprit's reason when some were (``None`` otherwise: the
     report names its own). The merging node waits ``timeout`` seconds at most for the summaries
-    and keeps them all; the others wait :data:`MERGE_SLACK` seconds more for the merged report,
-    then report their own ranks alone. Ends with :func:`finish`."""
+    and keeps them all; the others wait :data:`MERGE_SLACK` seconds more for the merged report.
+    Without it, :data:`BACKUP_MERGER` merges (waiting :data:`MERGE_SLACK` at most for the
+    summaries), the others wait twice that for its report, then report their own ranks alone.
+    Ends with :func:`finish`."""
     publish(store, base, summary)
     nodes, omitted, reason = [summary], 0, None
     missing: list[int] = []
     if summary.group_rank == MERGER:
-        others, missing = collect(store, base, world, timeout, own=summary.group_rank)
-        nodes += others
-        nodes.sort(key=lambda node: node.group_rank)
-        whole = HangReport("", "", nodes, tolerance=tolerance)
-        publish_merged(store, base, nodes, missing, reason=whole.culprit_reason(), tolerance=tolerance)
+        nodes, missing = _merge(store, base, summary, world, timeout, tolerance)
+        finish(store, base, world, timeout)
+        return nodes, missing, 0, None
+    merged = _read(store, base, timeout + MERGE_SLACK)
+    if merged is None and summary.group_rank == BACKUP_MERGER:
+        # The merging node is gone (or stopped before the hang): this node merges instead, and
+        # the summaries it reads are there already (every node published before waiting).
+        log.warning("no merged hang report from the node with group rank %d: merging the summaries here", MERGER)
+        nodes, missing = _merge(store, base, summary, world, MERGE_SLACK, tolerance)
+        finish(store, base, world, timeout)
+        return nodes, missing, 0, None
+    if merged is None:
+        merged = _read(store, base, 2 * MERGE_SLACK)
+    if merged is None:
+        log.warning("no merged hang report from the nodes with group rank %d or %d", MERGER, BACKUP_MERGER)
+        missing = [r for r in range(world) if r != summary.group_rank]
     else:
-        try:
-            merged, missing, omitted, reason = read_merged(store, base, timeout + MERGE_SLACK)
-        except (StoreError, RendezvousError, OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("no merged hang report from the node with group rank %d: %s", MERGER, exc)
-            merged, missing = [], [r for r in range(world) if r != summary.group_rank]
-        nodes += [node for node in merged if node.group_rank != summary.group_rank]
+        others, missing, omitted, reason = merged
+        nodes += [node for node in others if node.group_rank != summary.group_rank]
         nodes.sort(key=lambda node: node.group_rank)
         if not omitted:
             reason = None
     finish(store, base, world, timeout)
     return nodes, missing, omitted, reason
+
+
+def _merge(store: KeyValueStore, base: str, summary: NodeSummary, world: int, timeout: float,
+           tolerance: float) -> tuple[list[NodeSummary], list[int]]:
+    """Collect every node's summary and write the merged report; every summary (this node keeps
+    them all: its report and stacks file are the whole one) and the group ranks missing."""
+    others, missing = collect(store, base, world, timeout, own=summary.group_rank)
+    nodes = sorted([summary, *others], key=lambda node: node.group_rank)
+    whole = HangReport("", "", nodes, tolerance=tolerance)
+    publish_merged(store, base, nodes, missing, reason=whole.culprit_reason(), tolerance=tolerance)
+    return nodes, missing
+
+
+def _read(store: KeyValueStore, base: str,
+          timeout: float) -> tuple[list[NodeSummary], list[int], int, str | None] | None:
+    try:
+        return read_merged(store, base, timeout)
+    except (StoreError, RendezvousError, OSError, ValueError, KeyError, TypeError) as exc:
+        log.debug("no merged hang report: %s", exc)
+        return None
