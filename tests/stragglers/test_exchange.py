@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from launcher.stragglers.exchange import (
     encode_verdicts,
     verdicts_key,
 )
-from launcher.stragglers.verdict import RankSample
+from launcher.stragglers.verdict import RankSample, _Medians
 from launcher.testing import exchanges
 
 RECORDED = Path(__file__).parent / "data" / "verdicts_3_nodes.json"
@@ -85,3 +87,14 @@ def test_each_node_costs_the_same_at_50_and_200_nodes(server) -> None:
     # The judge reads every node's key: its share grows with the nodes, and the store host's linearly.
     assert large.judge_bytes > 3 * small.judge_bytes
     assert large.total_bytes == pytest.approx(4 * small.total_bytes, rel=0.2)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 9, 64])
+def test_the_median_of_the_others_is_statistics_median_of_them(count: int) -> None:
+    # The judge's O(log n) median of the others: the very number main computed (statistics.median).
+    rnd = random.Random(count)
+    for _ in range(50):
+        values = [rnd.choice([0.25, 0.5, rnd.random(), rnd.random() * 1e-4]) for _ in range(count)]
+        medians = _Medians(values)
+        for i, value in enumerate(values):
+            assert medians.without(value) == statistics.median(values[:i] + values[i + 1:])

@@ -105,9 +105,11 @@ class NodeExchange:
 
     def __init__(self, run_id: str, round_: int, group_rank: int, world: int, threshold: float) -> None:
         self.group_rank = group_rank
-        self.keys = [cluster.key(run_id, round_, rank) for rank in range(world)]
+        self.own_key = cluster.key(run_id, round_, group_rank)
         self.verdicts_key = verdicts_key(run_id, round_)
         self.judge = Judge(threshold) if group_rank == JUDGE else None
+        #: Every node's key: only the judge reads them.
+        self.keys = [cluster.key(run_id, round_, rank) for rank in range(world)] if self.judge is not None else []
         self._kept: list[Verdict] = []
         #: The newest verdict applied (``None`` before the first look).
         self._last: int | None = None
@@ -116,7 +118,7 @@ class NodeExchange:
                  label: str) -> list[Verdict]:
         """Publish this node's summary of ``local`` at the end of interval ``number``; the verdicts
         new to this node, oldest first."""
-        store.set(self.keys[self.group_rank], cluster.encode(label, local))
+        store.set(self.own_key, cluster.encode(label, local))
         if self._last is None:
             # Verdicts already in the key are an earlier attempt's (this one has judged nothing yet).
             self._last = number - 1

@@ -34,8 +34,9 @@ __all__ = ["CountingStoreClient", "Figures", "hangs", "stragglers"]
 RANKS = 8
 #: The straggler intervals before the measured ones: enough windows for a verdict that names one rank.
 WARMUP_INTERVALS = 8
-#: main's algorithm costs the same from its second interval on (no verdict changes what it reads).
-MAIN_WARMUP_INTERVALS = 2
+#: Under main's algorithm, intervals in which the nodes only write their keys (until each holds its
+#: last 5 intervals, as in a job's steady state): what a node then reads depends on nothing else.
+MAIN_WARMUP_INTERVALS = 5
 
 
 class CountingStoreClient(TCPStoreClient):
@@ -120,9 +121,9 @@ def _clients(server: StoreServer, n: int) -> list[CountingStoreClient]:
 
 def stragglers(server: StoreServer, n: int, intervals: int = 2) -> Figures:
     """``n`` nodes exchange straggler summaries for :data:`WARMUP_INTERVALS` intervals
-    (:data:`MAIN_WARMUP_INTERVALS` under main's algorithm), then ``intervals`` measured ones; the
-    figures per interval. Nodes take turns (the judge first), each interval after every node
-    published the one before: as on real nodes in step."""
+    (:data:`MAIN_WARMUP_INTERVALS` under main's algorithm), then ``intervals`` measured ones (one
+    under main's algorithm); the figures per interval. Nodes take turns (the judge first), each
+    interval after every node published the one before: as on real nodes in step."""
     from launcher.stragglers import cluster
 
     NodeExchange: Any
@@ -147,6 +148,8 @@ def stragglers(server: StoreServer, n: int, intervals: int = 2) -> Figures:
         histories: list[dict[int, Any]] = [{} for _ in range(n)]
     locals_: list[dict[int, Any]] = [{} for _ in range(n)]
     warmup = WARMUP_INTERVALS if NodeExchange is not None else MAIN_WARMUP_INTERVALS
+    if NodeExchange is None:
+        intervals = 1  # every node reads every key: one interval is N^2 keys already
     try:
         for step in range(warmup + intervals):
             if step == warmup:
@@ -160,6 +163,8 @@ def stragglers(server: StoreServer, n: int, intervals: int = 2) -> Figures:
                     del local[old]
                 if NodeExchange is not None:
                     nodes[i].interval(clients[i], number, local, _participant(i))
+                elif step < warmup:
+                    clients[i].set(cluster.key(run_id, 0, i), cluster.encode(_participant(i), local))
                 else:
                     # main's StragglerMonitor._run around its _exchange
                     wanted = [k for k in range(number - cluster.KEY_INTERVALS + 1, number) if k not in histories[i]]
