@@ -394,17 +394,11 @@ class HangMonitor:
         self._keep_records(summary.stacks_file, records)
         nodes: list[NodeSummary] = [summary]
         missing: list[int] = []
+        omitted, merged_reason = 0, None
+        tolerance = self.check_interval + DUMP_SLACK + (ALARM_INTERVAL if self._multinode else 0.0)
         if self._multinode and not local_only:
             assert info is not None and info.store is not None
-            try:
-                cluster.publish(info.store, self._prefix(), summary)
-                others, missing = cluster.collect(info.store, self._prefix(), info.group_world_size, COLLECT_TIMEOUT,
-                                                  own=summary.group_rank)
-                nodes += others
-                cluster.finish(info.store, self._prefix(), info.group_world_size, COLLECT_TIMEOUT)
-            except (StoreError, RendezvousError, OSError) as exc:
-                log.warning("cannot exchange hang summaries with the other nodes: %s", exc)
-            nodes.sort(key=lambda node: node.group_rank)
+            nodes, missing, omitted, merged_reason = self._exchange(info, summary, tolerance)
         evidence = {int(rank): record for node in nodes for rank, record in node.collectives.items()}
         report = HangReport(
             detected_by=str(alarm.get("node", "?")),
@@ -412,7 +406,8 @@ class HangMonitor:
             nodes=nodes,
             missing=missing,
             # Ranks that stopped together: detected within one check; other nodes dump later.
-            tolerance=self.check_interval + DUMP_SLACK + (ALARM_INTERVAL if self._multinode else 0.0),
+            tolerance=tolerance,
+            omitted=omitted,
             # Compared here, where every node's evidence is joined.
             collectives=flightrec.analyse(evidence, self._world_size()) if evidence else None,
         )
@@ -422,7 +417,8 @@ class HangMonitor:
         else:
             # Every node names the same rank: the likeliest culprit of the joined report, not the
             # rank that happened to cross the timeout first (report.order_hung).
-            report.reason = report.culprit_reason() or report.reason
+            # A merged report that left nodes out carries the culprit of the whole one.
+            report.reason = merged_reason or report.culprit_reason() or report.reason
         if summary.stacks_file:
             try:
                 write_stacks_file(summary.stacks_file, report, summary)
@@ -463,6 +459,17 @@ class HangMonitor:
                 os.replace(f"{path}.tmp", path)
             except OSError as exc:
                 log.debug("cannot write %s: %s", path, exc)
+
+    def _exchange(self, info: RendezvousInfo, summary: NodeSummary,
+                  tolerance: float) -> tuple[list[NodeSummary], list[int], int, str | None]:
+        """Publish this node's summary and get the merged report (:func:`launcher.hangs.cluster.exchange`)."""
+        assert info.store is not None
+        try:
+            return cluster.exchange(info.store, self._prefix(), summary, info.group_world_size,
+                                    tolerance=tolerance, timeout=COLLECT_TIMEOUT)
+        except (StoreError, RendezvousError, OSError) as exc:
+            log.warning("cannot exchange hang summaries with the other nodes: %s", exc)
+            return [summary], [], 0, None
 
     def _stacks_file_path(self, kind: str = "hang") -> str | None:
         # Next to the worker logs: the run's log directory, --log-dir or not.

@@ -193,6 +193,8 @@ class HangReport:
     tolerance: float = 1.0
     #: What the ranks' flight records say (``None``: no rank had one).
     collectives: Analysis | None = None
+    #: Nodes left out of a merged report too big to send to every node (launcher.hangs.cluster).
+    omitted: int = 0
 
     @property
     def entries(self) -> list[RankEntry]:
@@ -260,6 +262,9 @@ class HangReport:
         if self.missing:
             lines.append(f"No answer from node(s) with group rank {rank_ranges(self.missing)}: their ranks are "
                          "not shown")
+        if self.omitted:
+            lines.append(f"{self.omitted} other node(s) left out here (the likeliest culprits' nodes are shown): "
+                         "the whole report is in the first stacks file below")
         for node in self.nodes:
             if node.stacks_file:
                 lines.append(f"Full stacks: {node.stacks_file} (on {node.node})")

@@ -3,12 +3,12 @@
 Key ``launcher/stragglers/<run_id>/<round>/node/<group_rank>``: JSON
 ``{"node": label, "intervals": {"<interval>": [[rank, local_rank, span, wait, collectives, steps], ...]}}``
 holding that node's last :data:`KEY_INTERVALS` intervals (numbered by wall-clock time divided by the interval, so
-the nodes' numbers agree as their clocks do). Each interval a node writes its own key once and
-reads every node's (one multi-get): O(nodes) keys in all, whatever the number of ranks.
+the nodes' numbers agree as their clocks do). Each interval a node writes its own key once; the judging
+node reads every node's (one multi-get) and publishes the verdict (:mod:`launcher.stragglers.exchange`).
 
-A node judges the window that ended an interval *before* the one it just published, so every
-other node has published it too: all judge the same numbers and reach the same verdict. Each
-node keeps the intervals it gathered (a window may reach back further than the key does).
+The judge judges the window that ended an interval *before* the one it just published, so every
+other node has published it too. It keeps the intervals it gathered (a window may reach back
+further than the key does).
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ of a shared-memory file and the start-up hook that times its collectives
 
 1. it reads every local slot (one copy of 64 bytes a rank) and turns the running totals into
    each rank's sample of the interval that just ended;
-2. on a multi-node job it rewrites this node's one summary key in the workers' store and reads
-   every node's (:mod:`launcher.stragglers.cluster`);
-3. it judges a window of the last intervals every node has published (at least 4, and enough for
-   20 collectives a rank: :func:`launcher.stragglers.verdict.select_window`) and, when the named
-   ranks change, prints one line and emits ``straggler_detected``; with ``--straggler-action
+2. on a multi-node job it rewrites this node's one summary key in the workers' store; one node
+   (group rank 0) reads every node's and judges, and every other node reads its verdicts
+   (:mod:`launcher.stragglers.exchange`): O(1) store requests a node, whatever the nodes;
+3. the judge (this node, when alone) judges a window of the last intervals every node has
+   published (at least 4, and enough for 20 collectives a rank:
+   :func:`launcher.stragglers.verdict.select_window`); when a verdict changes the named ranks,
+   each node prints one line and emits ``straggler_detected``; with ``--straggler-action
    exclude`` it hands newly named ranks to :class:`~launcher.stragglers.exclusion.Exclusion`, which
    the agent's main loop acts on at its next membership check (:meth:`StragglerMonitor.act`).
 
@@ -34,17 +36,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from launcher.stragglers import cluster, report
+from launcher.stragglers.exchange import Judge, NodeExchange, Verdict
 from launcher.stragglers.slots import RankTotals, TimingTable
 from launcher.stragglers.timing import STRAGGLER_FILE_ENV, STRAGGLER_HOOK_ENV, STRAGGLER_PID_ENV, STRAGGLER_SLOT_ENV
-from launcher.stragglers.verdict import (
-    MAX_INTERVALS,
-    Finding,
-    RankSample,
-    StragglerTracker,
-    judge,
-    select_window,
-    window,
-)
+from launcher.stragglers.verdict import Finding, RankSample
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
@@ -198,46 +193,30 @@ class StragglerMonitor:
              stop: threading.Event) -> None:
         interval = self.settings.interval
         multinode = info.group_world_size > 1 and bool(info.master_addr)
-        tracker = StragglerTracker(self.settings.threshold)
         marks: dict[int, _Mark] = {}
         local: dict[int, list[RankSample]] = {}  # this node's last intervals (what its key holds)
-        history: dict[int, list[RankSample]] = {}  # every node's, gathered: what windows are made of
         slots = {slot.local_rank: slot for slot in group.slots}
+        # Alone, this node judges its own intervals; with others, one node judges for all.
+        judge = None if multinode else Judge(self.settings.threshold)
+        node = (NodeExchange(self.run_id, info.round, info.group_rank, info.group_world_size, self.settings.threshold)
+                if multinode else None)
+        named: set[int] = set()  # the ranks named now by this attempt's verdicts
         try:
             while not stop.wait(interval - time.time() % interval + OFFSET * interval):
                 number = int(time.time() // interval) - 1  # the interval that just ended
                 local[number] = self._sample(table.read_all(), slots, marks, label)
                 for old in [n for n in local if n <= number - cluster.KEY_INTERVALS]:
                     del local[old]
-                if multinode:
-                    # Judged one interval late: by now every node has published it.
-                    newest = number - 1
-                    wanted = [n for n in range(number - cluster.KEY_INTERVALS + 1, number) if n not in history]
-                    history.update(self._exchange(info, local, label, wanted))
+                if node is not None:
+                    verdicts = self._exchange(info, node, number, local, label)
                 else:
-                    newest = number
-                    history[number] = local[number]
-                for old in [n for n in history if n <= newest - MAX_INTERVALS]:
-                    del history[old]
-                intervals = select_window(history, newest)
-                if intervals is None or stop.is_set():
-                    continue
-                findings = judge(window(intervals))
-                log.debug("straggler window of %d intervals: %s", len(intervals),
-                          ", ".join(f"rank {f.rank} {f.ratio:.3f}{'' if f.holds_others else ' (holds none)'}"
-                                    for f in findings))
-                before = set(tracker.named)
-                change = tracker.update(findings)
-                self.slow_ranks = sorted(tracker.named)
-                for rank, finding in tracker.history.items():
-                    if rank not in self.history or finding.ratio > self.history[rank].ratio:
-                        self.history[rank] = finding
-                if change is not None and not stop.is_set():
-                    self._print(report.change_lines(change, self.settings.threshold))
-                    if self._emit is not None:
-                        self._emit("straggler_detected", **report.event_fields(change, self.settings.threshold))
-                    if self.exclusion is not None:
-                        self.exclusion.propose([f for f in change.named if f.rank not in before], info)
+                    assert judge is not None
+                    verdict = judge.take({number: local[number]}, number)
+                    verdicts = [verdict] if verdict is not None else []
+                for verdict in verdicts:
+                    if stop.is_set():
+                        break
+                    named = self._apply(verdict, named, info, stop)
         except Exception as exc:  # never take the agent down: the job goes on undetected
             log.warning("straggler detection stopped: %s", exc)
         finally:
@@ -264,27 +243,38 @@ class StragglerMonitor:
                                       mark.steps - previous.steps))
         return samples
 
-    def _exchange(self, info: RendezvousInfo, local: dict[int, list[RankSample]], label: str,
-                  wanted: list[int]) -> dict[int, list[RankSample]]:
-        """Publish this node's summary; every node's samples of those intervals of ``wanted`` all have."""
-        keys = [cluster.key(self.run_id, info.round, rank) for rank in range(info.group_world_size)]
+    def _apply(self, verdict: Verdict, before: set[int], info: RendezvousInfo, stop: threading.Event) -> set[int]:
+        """Take one verdict: the ranks named now, the job's worst findings, and a changed verdict
+        said (a line, an event, an exclusion proposed); the ranks it names."""
+        self.slow_ranks = [f.rank for f in verdict.named]
+        for finding in verdict.named:
+            if finding.rank not in self.history or finding.ratio > self.history[finding.rank].ratio:
+                self.history[finding.rank] = finding
+        change = verdict.change()
+        if change is not None and not stop.is_set():
+            self._print(report.change_lines(change, self.settings.threshold))
+            if self._emit is not None:
+                self._emit("straggler_detected", **report.event_fields(change, self.settings.threshold))
+            if self.exclusion is not None:
+                self.exclusion.propose([f for f in change.named if f.rank not in before], info)
+        return {f.rank for f in verdict.named}
+
+    def _exchange(self, info: RendezvousInfo, node: NodeExchange, number: int, local: dict[int, list[RankSample]],
+                  label: str) -> list[Verdict]:
+        """Publish this node's summary; the verdicts new to it (:mod:`launcher.stragglers.exchange`)."""
         try:
             if self._store is None:
                 from launcher.store.client import TCPStoreClient
 
                 self._store = TCPStoreClient(info.master_addr, info.master_port, timeout=STORE_TIMEOUT,
                                              connect_timeout=STORE_TIMEOUT, refused_timeout=1.0)
-            store = self._store
-            store.set(keys[info.group_rank], cluster.encode(label, local))
-            if not wanted or not store.check(keys):
-                return {}
-            return cluster.gather(store.multi_get(keys, timeout=STORE_TIMEOUT), wanted)
+            return node.interval(self._store, number, local, label)
         except Exception as exc:  # the round's store goes away when the round ends
             log.debug("cannot exchange straggler summaries: %s", exc)
             if self._store is not None:
                 self._store.close()
             self._store = None
-            return {}
+            return []
 
     def _print(self, lines: list[str]) -> None:
         from launcher.logs.pump import CONSOLE_LOCK
