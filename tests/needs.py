@@ -47,10 +47,19 @@ class Need:
 #: DDP, the recovery example): seconds each, where a standard-library worker takes a fraction.
 #: Measured with ``--durations``; a module is listed whole when most of its tests launch such jobs.
 TORCH_JOBS = (
-    "tests/recovery/",
-    "tests/stragglers/test_real_jobs.py::",
+    "tests/core/test_gloo.py::",
+    "tests/store/test_gloo.py::",
+    "tests/clusters/test_cluster_option.py::test_kubeflow_pods_make_one_job",
     "tests/hangs/test_gloo_hang.py::",
+    "tests/recovery/test_all_blocked.py::",
+    "tests/recovery/test_function.py::",
+    "tests/recovery/test_in_place.py::",
     "tests/status/test_slow_ranks.py::",
+    "tests/stragglers/test_preload_and_functions.py::",
+    "tests/stragglers/test_real_jobs.py::",
+    "plugins/launcher-torchx/tests/test_kubeflow_pet_env.py::",
+    "plugins/launcher-torchx/tests/test_torchx_local_cwd.py::test_one_node_two_workers",
+    "plugins/launcher-torchx/tests/test_torchx_local_cwd.py::test_two_nodes_two_workers_each",
 )
 
 NEEDS = (

@@ -29,6 +29,10 @@ EXPECTED = {
     "tests/clusters/test_schedulers.py::test_sbatch_two_nodes": {"slurm"},
     "tests/clusters/test_schedulers.py::test_openmpi_one_launcher_per_node": {"mpi"},
     "tests/clusters/test_detection.py::test_expand_counts": set(),
+    # A single test listed in needs.TORCH_JOBS, beside the module's others.
+    "tests/clusters/test_cluster_option.py::test_kubeflow_pods_make_one_job": {"torch_job"},
+    "tests/clusters/test_cluster_option.py::test_none_changes_nothing": set(),
+    "tests/recovery/test_fallback.py::test_a_rank_without_the_wrapper_means_a_full_restart": set(),
     # A module listed in needs.TORCH_JOBS.
     "tests/recovery/test_in_place.py::test_a_killed_rank_is_replaced_and_the_others_keep_their_process": {"torch_job"},
     "plugins/launcher-etcd/tests/test_etcd_store.py::test_keys_live_under_the_prefix_only": {"etcd"},
