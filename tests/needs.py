@@ -9,14 +9,20 @@ reaches, so that a new test is classified without marking it by hand:
 * an object it, its fixtures or the helper functions they call (in this repository) refer to:
   anything from ``tests.multinode.netns`` builds namespaces, ``tests.multinode.etcd``'s
   ``start_etcd`` starts an etcd server;
+* a parameter: ``store_service[torch]`` needs torch;
 * the folder it lives in (``tests/gpu/``), or, for jobs whose workers import torch, the module
-  (:data:`TORCH_JOBS`): what a worker script imports is not visible from the test's code.
+  (:data:`TORCH_JOBS`, :data:`TORCH_IMPORTS`): what a worker script imports is not visible from
+  the test's code.
+
+``torch`` is not a slow need: those tests stay in the fast lane and are skipped where torch is
+missing (the fast lane on a Python without a torch wheel).
 
 A mark written by hand on a test (``@pytest.mark.netns``) counts too; the two agree.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -41,6 +47,10 @@ class Need:
     objects: frozenset[str] = frozenset()
     #: Node-id prefixes (folders, modules, single tests) whose every test has the need.
     paths: tuple[str, ...] = ()
+    #: Parameter values or ids (of a parametrized test or fixture) that mean the need: ``[torch]``.
+    params: frozenset[str] = frozenset()
+    #: Left out of the fast lane (else: in it, and skipped where the need cannot be met).
+    slow: bool = True
 
 
 #: Modules (or single tests) that run jobs of several workers importing torch (gloo all-reduce,
@@ -54,12 +64,25 @@ TORCH_JOBS = (
     "tests/recovery/test_all_blocked.py::",
     "tests/recovery/test_function.py::",
     "tests/recovery/test_in_place.py::",
+    "tests/rendezvous/test_c10d.py::test_file_store_from_the_command_line",
     "tests/status/test_slow_ranks.py::",
     "tests/stragglers/test_preload_and_functions.py::",
     "tests/stragglers/test_real_jobs.py::",
     "plugins/launcher-torchx/tests/test_kubeflow_pet_env.py::",
     "plugins/launcher-torchx/tests/test_torchx_local_cwd.py::test_one_node_two_workers",
     "plugins/launcher-torchx/tests/test_torchx_local_cwd.py::test_two_nodes_two_workers_each",
+)
+
+#: Tests that import torch in their own process, or run a worker or torchrun that does (without being
+#: a job of several torch workers): skipped on a Python without torch (the fast lane on 3.10, 3.13).
+TORCH_IMPORTS = (
+    "tests/core/test_worker_env.py::test_environment_matches_torchrun",
+    "tests/core/test_worker_env.py::test_is_torchelastic_launched_and_record",
+    "tests/devices/test_cuda.py::test_without_nvml_a_cpu_only_torch_means_no_cuda",
+    "tests/devices/test_lazy_imports.py::test_auto_without_nvml_on_a_cpu_only_torch_never_imports_torch",
+    "tests/devices/test_privateuse1.py::test_without_a_backend_only_torchs_placeholder_name_is_claimed",
+    "tests/devices/test_resolve.py::test_xpu_on_a_torch_without_xpu",
+    "tests/failures/test_record.py::test_same_format_as_torchs_record",
 )
 
 NEEDS = (
@@ -74,10 +97,12 @@ NEEDS = (
     Need("prometheus", "a real Prometheus server scraping a job", fixtures=frozenset({"prometheus_binary"})),
     Need("gpu", "a GPU (skipped without one)", paths=("tests/gpu/",)),
     Need("torch_job", "a job of several workers that import torch (gloo)", paths=TORCH_JOBS),
+    Need("torch", "torch in the test's Python (skipped where it is missing)", paths=TORCH_IMPORTS,
+         params=frozenset({"torch"}), slow=False),
 )
 
 #: The needs the fast lane (``tox -e fast``) leaves out.
-SLOW_NEEDS = tuple(need.marker for need in NEEDS)
+SLOW_NEEDS = tuple(need.marker for need in NEEDS if need.slow)
 #: ``-m`` expression of the fast lane.
 FAST_LANE = " and ".join(f"not {marker}" for marker in SLOW_NEEDS)
 
@@ -90,15 +115,20 @@ def register(config: pytest.Config) -> None:
 
 def mark(items: Iterable[pytest.Item]) -> None:
     """Add the marker of every need each item has."""
+    torch_missing = importlib.util.find_spec("torch") is None
     for item in items:
         reached = _Reached(item)
         nodeid = _root_relative(item)
+        callspec = getattr(item, "callspec", None)
+        params = set(callspec.id.split("-")) if callspec else set()  # the ids, [torch] or [spawn-torch]
+        params.update(value for value in (callspec.params.values() if callspec else ()) if isinstance(value, str))
         for need in NEEDS:
-            if item.get_closest_marker(need.marker) is not None:
-                continue
-            if (nodeid.startswith(need.paths) or reached.fixtures & need.fixtures
-                    or reached.modules & need.modules or reached.objects & need.objects):
+            if item.get_closest_marker(need.marker) is None and (
+                    nodeid.startswith(need.paths) or reached.fixtures & need.fixtures
+                    or reached.modules & need.modules or reached.objects & need.objects or params & need.params):
                 item.add_marker(need.marker)
+        if torch_missing and item.get_closest_marker("torch") is not None:
+            item.add_marker(pytest.mark.skip(reason="needs torch, which this Python does not have"))
 
 
 def _root_relative(item: pytest.Item) -> str:
