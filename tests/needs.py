@@ -127,7 +127,7 @@ def mark(items: Iterable[pytest.Item]) -> None:
                     nodeid.startswith(need.paths) or reached.fixtures & need.fixtures
                     or reached.modules & need.modules or reached.objects & need.objects or params & need.params):
                 item.add_marker(need.marker)
-        if torch_missing and item.get_closest_marker("torch") is not None:
+        if torch_missing and (item.get_closest_marker("torch") or item.get_closest_marker("torch_job")):
             item.add_marker(pytest.mark.skip(reason="needs torch, which this Python does not have"))
 
 
