@@ -23,12 +23,13 @@ from launcher.options import core_groups
 
 from tests.conftest import launcher_env
 
-torch_run = pytest.importorskip("torch.distributed.run")
-
 
 @pytest.fixture(scope="module")
 def torchrun_actions() -> list[argparse.Action]:
-    """torchrun's flags (no ``-h``, no positionals), built with no ``PET_*`` set (each changes a default)."""
+    """torchrun's flags (no ``-h``, no positionals), built with no ``PET_*`` set (each changes a default).
+
+    Imported here: the framework's own tests run on a Python without torch (the fast lane on 3.10, 3.13)."""
+    torch_run = pytest.importorskip("torch.distributed.run")
     saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
     try:
         parser = torch_run.get_args_parser()
