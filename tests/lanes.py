@@ -44,10 +44,6 @@ class TwoLaneScheduling(LoadScopeScheduling):
         return nodeid if nodeid.startswith(NAMESPACED) else ROOT_NAMESPACE
 
 
-#: The pytest option that gives each xdist worker a network namespace of its own.
-WORKER_NETNS = "--worker-netns"
-
-
 class PrivateNetworkScheduling(LoadScopeScheduling):
     """Load-scope scheduling by module: each worker has a network namespace of its own."""
 
