@@ -10,8 +10,9 @@ no checkpoint (a fresh process that replaced a dead one) receives it from a rank
 
 Knobs (environment): ``TOY_STEPS`` (default 10); ``TOY_FAIL`` = ``RANK:STEP:raise`` or
 ``RANK:STEP:kill`` makes that rank raise (or SIGKILL itself) at that step of the first attempt;
-``TOY_FAIL_DELAY`` seconds it waits first (its peers are then blocked in the step's all-reduce);
-``TOY_OUT``, a directory where each rank appends what happened to ``rank<N>.jsonl``;
+``TOY_OUT``, a directory where each rank appends what happened to ``rank<N>.jsonl``; with it, the
+failing rank first waits until every peer has said it entered that step's all-reduce (so each one
+is blocked there when the rank fails); ``TOY_FAIL_DELAY`` seconds it waits besides;
 ``TOY_STEP_SLEEP`` seconds each step sleeps (the benchmark's steady state).
 """
 
@@ -53,13 +54,41 @@ def resume_point(rank: int) -> tuple[int, torch.Tensor]:
     return step + 1, params
 
 
-def maybe_fail(rank: int, step: int) -> None:
+def planned_failure() -> tuple[int, int, str] | None:
+    """``(rank, step, how)`` of ``TOY_FAIL``, in the first attempt only."""
     spec = os.environ.get("TOY_FAIL", "")
     if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return
+        return None
     fail_rank, fail_step, how = spec.split(":")
-    if (rank, step) != (int(fail_rank), int(fail_step)):
+    return int(fail_rank), int(fail_step), how
+
+
+def wait_for_peers(rank: int, world: int, step: int, timeout: float = 120.0) -> None:
+    """Until every other rank recorded that it entered ``step``'s all-reduce (an event, not a delay)."""
+    out = os.environ.get("TOY_OUT")
+    deadline = time.monotonic() + timeout
+    while out is not None and time.monotonic() < deadline:
+        if all(peer == rank or {"event": "entering", "step": step} in records(out, peer) for peer in range(world)):
+            return
+        time.sleep(0.01)
+
+
+def records(out: str, rank: int) -> list[dict]:
+    """What ``rank`` recorded so far, without the pid and the time."""
+    path = os.path.join(out, f"rank{rank}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        rows = [json.loads(line) for line in handle if line.endswith("\n")]  # a line being written waits
+    return [{key: value for key, value in row.items() if key not in ("pid", "t")} for row in rows]
+
+
+def maybe_fail(rank: int, world: int, step: int) -> None:
+    failure = planned_failure()
+    if failure is None or (rank, step) != failure[:2]:
         return
+    how = failure[2]
+    wait_for_peers(rank, world, step)
     time.sleep(float(os.environ.get("TOY_FAIL_DELAY", "0")))
     record(rank, event="failing", how=how, step=step)
     if how == "kill":
@@ -74,10 +103,14 @@ def train() -> list[float]:
     start, params = resume_point(rank)
     record(rank, event="start", step=start, restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     pause = float(os.environ.get("TOY_STEP_SLEEP", "0"))
+    failure = planned_failure()
     for step in range(start, STEPS):
-        maybe_fail(rank, step)
+        maybe_fail(rank, world, step)
         grad = torch.arange(1, 5, dtype=torch.float64) * (rank + 1) * (step + 1) / 1000.0
         try:
+            if failure is not None and step == failure[1]:
+                # Inside the try: a recovery that interrupts this rank from here on finds it "released".
+                record(rank, event="entering", step=step)
             dist.all_reduce(grad)
         except BaseException as exc:  # a peer failed: say when this rank was released, then leave
             record(rank, event="released", step=step, error=type(exc).__name__)

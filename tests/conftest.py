@@ -27,11 +27,14 @@ for _signum in (signal.SIGINT, signal.SIGHUP):
 
 @pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist runs the tests in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``-n 2 --dist loadgroup`` (tox's py3 run): two lanes, see :mod:`tests.lanes`."""
+    """``-n 2 --dist loadgroup`` (tox's py3 run): two lanes, see :mod:`tests.lanes`; with
+    ``--worker-netns`` (the fast lane), modules spread over workers in namespaces of their own."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from tests.lanes import TwoLaneScheduling
+    from tests.lanes import PrivateNetworkScheduling, TwoLaneScheduling, private_networks_possible
 
+    if config.getoption("worker_netns") and private_networks_possible():
+        return PrivateNetworkScheduling(config, log)
     return TwoLaneScheduling(config, log)
 
 

@@ -1,5 +1,10 @@
 """Two lanes for pytest-xdist (``pytest -n 2 --dist loadgroup``, tox's py3 run).
 
+With ``--worker-netns`` (the fast lane), where network namespaces can be made (root), every worker
+first moves into one of its own, so fixed ports cannot collide between workers: then any module
+may run beside any other (:class:`PrivateNetworkScheduling`); the fast lane starts no session-wide
+server. Elsewhere the option changes nothing.
+
 Most tests must not run beside each other: many bind fixed ports in the root network namespace
 (a single-node job's default store on 29500, torchrun's own), and some start session-wide
 servers (a Slurm cluster). Those all make one group, run by one worker in collection order, as
@@ -14,6 +19,12 @@ pytest 9 no longer honours; this scheduler groups by node id on the controller i
 """
 
 from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
 
 from xdist.scheduler import LoadScopeScheduling
 
@@ -31,3 +42,27 @@ class TwoLaneScheduling(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         return nodeid if nodeid.startswith(NAMESPACED) else ROOT_NAMESPACE
+
+
+class PrivateNetworkScheduling(LoadScopeScheduling):
+    """Load-scope scheduling by module: each worker has a network namespace of its own."""
+
+
+@functools.cache
+def private_networks_possible() -> bool:
+    """Whether this process may make network namespaces (root with CAP_SYS_ADMIN, ``ip`` installed)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--net", "ip", "link", "set", "lo", "up"], capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+def enter_private_network() -> None:
+    """Move this process (its main thread, and whatever it starts from now on) into a new network
+    namespace with its loopback up. Needs root; raises OSError otherwise."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newnet = 0x40000000
+    if libc.unshare(clone_newnet) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"unshare(CLONE_NEWNET): {os.strerror(errno)}")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, capture_output=True, timeout=30)

@@ -18,6 +18,13 @@ dist.barrier()
 dist.destroy_process_group()
 """
 
+#: Rank 1 of the first attempt leaves once the group is made: every rank has registered its
+#: address in the store by then (gloo connects every pair of ranks while it makes the group).
+FAIL_AFTER_JOINING = """import os, sys
+if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '1':
+    sys.exit(7)
+"""
+
 
 def test_gloo_all_reduce_four_ranks(write_script):
     result = run_launcher(["--standalone", "--nproc-per-node", "4", write_script("ar.py", ALL_REDUCE)], timeout=180)
@@ -30,14 +37,7 @@ def test_gloo_all_reduce_after_restart(write_script):
     """The second attempt's workers rendezvous on a fresh key prefix of the same agent store."""
     script = write_script(
         "ar_restart.py",
-        ALL_REDUCE.replace(
-            "dist.init_process_group",
-            "import os, sys, time\n"
-            "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '1':\n"
-            "    time.sleep(3)\n"  # rank 0 has registered its address in the store by then
-            "    sys.exit(7)\n"
-            "dist.init_process_group",
-        ),
+        ALL_REDUCE.replace("value = ", FAIL_AFTER_JOINING + "value = "),
     )
     result = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", script], timeout=180)
     assert result.returncode == 0, result.stderr
@@ -51,14 +51,7 @@ def test_gloo_after_restart_with_static_backend(write_script):
 
     script = write_script(
         "ar_static.py",
-        ALL_REDUCE.replace(
-            "dist.init_process_group",
-            "import os, sys, time\n"
-            "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '1':\n"
-            "    time.sleep(3)\n"  # rank 0 has registered its address by then
-            "    sys.exit(7)\n"
-            "dist.init_process_group",
-        ),
+        ALL_REDUCE.replace("value = ", FAIL_AFTER_JOINING + "value = "),
     )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

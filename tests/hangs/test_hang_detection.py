@@ -233,33 +233,43 @@ def test_the_hang_timeout_reads_numbers_like_every_timeout():
 
 
 def test_sigusr2_to_the_agent_prints_every_rank_and_the_job_goes_on(write_script, tmp_path):
+    # Each rank waits inside waiting_for_godot (blocked in C, no frame of its own) until the test
+    # has read the report and hands it one byte: no rank can leave before the report, however slow.
     script = write_script(
         "godot.py",
         """
-        import sys, time
+        import os, sys
         import launcher
 
         def waiting_for_godot():
             open(sys.argv[1], "a").write("x")
-            time.sleep(6)
+            os.read(os.open(sys.argv[2], os.O_RDONLY), 1)
 
         launcher.heartbeat()
         waiting_for_godot()
         """,
     )
-    ready = tmp_path / "ready"
-    process = subprocess.Popen(
-        [*LAUNCHER, "--nproc-per-node", "2", "--hang-timeout", "60", script, str(ready)],
-        env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    ready, godot, err = tmp_path / "ready", tmp_path / "godot", tmp_path / "agent.stderr"
+    os.mkfifo(godot)
+    go = os.open(godot, os.O_RDWR)  # a writer from the start: the ranks' opens never block
+    with err.open("w") as err_file:
+        process = subprocess.Popen(
+            [*LAUNCHER, "--nproc-per-node", "2", "--hang-timeout", "60", script, str(ready), str(godot)],
+            env=launcher_env(), stdout=subprocess.DEVNULL, stderr=err_file, text=True,
+        )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not (ready.exists() and len(ready.read_text()) == 2) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)  # both ranks are inside waiting_for_godot's sleep
+            time.sleep(0.05)
         os.kill(process.pid, signal.SIGUSR2)
-        _, stderr = process.communicate(timeout=60)
+        while "ranks 0-1: waiting_for_godot" not in err.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, err.read_text()
+            time.sleep(0.05)
+        os.write(go, b"xx")  # one byte for each rank
+        process.wait(timeout=60)
+        stderr = err.read_text()
     finally:
+        os.close(go)
         if process.poll() is None:
             process.kill()
             process.wait()

@@ -33,7 +33,8 @@ STEPS = 8
 def run_pair(net, start_agent, out: Path, fail: str, *, backend: str = "c10d", endpoint: str | None = None,
              env: dict[str, str] | None = None) -> tuple[list[Any], list[dict[str, Any]]]:
     out.mkdir()
-    env = {"TOY_OUT": str(out), "TOY_STEPS": str(STEPS), "TOY_FAIL": fail, "TOY_FAIL_DELAY": "0.5", **(env or {})}
+    # The failing rank fails once every other rank said it entered that step's all-reduce (TOY_OUT's records).
+    env = {"TOY_OUT": str(out), "TOY_STEPS": str(STEPS), "TOY_FAIL": fail, **(env or {})}
     agents = [
         start_agent(net[i], [
             "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "2",
@@ -80,9 +81,9 @@ RELEASE_BOUND_S = 15.0
 def test_a_rank_killed_on_one_node_is_replaced_and_every_other_keeps_its_process(make_network, start_agent,
                                                                                  tmp_path):
     net = make_network(2)
-    # Rank 3 (second node) waits a second at step 5 of the first attempt, then SIGKILLs itself: every
-    # live rank, on both nodes, then sits in that step's all-reduce, inside gloo, when it dies.
-    agents, records = run_pair(net, start_agent, tmp_path / "killed", "3:5:kill", env={"TOY_FAIL_DELAY": "1"})
+    # Rank 3 (second node) waits at step 5 of the first attempt until every live rank, on both nodes,
+    # recorded that it entered that step's all-reduce, then SIGKILLs itself.
+    agents, records = run_pair(net, start_agent, tmp_path / "killed", "3:5:kill")
     logs = "\n".join(a.describe() for a in agents)
     starts = [r for r in records if r["event"] == "start"]
     killed = next(r for r in records if r["event"] == "failing")

@@ -107,7 +107,11 @@ def test_sigterm_at_the_exit_barrier_ends_the_wait_and_the_job(make_network, sta
         assert time.monotonic() < deadline, "\n".join(a.describe(80) for a in agents)
         assert all(a.poll() is None for a in agents), "\n".join(a.describe(80) for a in agents)
         time.sleep(0.1)
-    time.sleep(2.0)  # node 0's workers have exited: its agent waits at the exit barrier
+    # Node 0's workers have exited: once its agent says it waits at the exit barrier (an event, not a delay).
+    while "waiting at the exit barrier" not in agents[0].stderr:
+        assert time.monotonic() < deadline, agents[0].describe(80)
+        assert agents[0].poll() is None, agents[0].describe(80)
+        time.sleep(0.05)
     assert agents[0].poll() is None, agents[0].describe(80)
     agents[0].kill(signal.SIGTERM)
     assert agents[0].wait(15) == 128 + signal.SIGTERM, agents[0].describe(80)

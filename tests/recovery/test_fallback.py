@@ -16,13 +16,21 @@ SCRIPT = """
 import os, time
 import launcher
 
+# Rank 0 fails once rank 1 is inside its own function (an event, not a delay): it says so in a file.
+PEER_INSIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank1-inside")
+
+def wait_for_the_peer():
+    while not os.path.exists(PEER_INSIDE):
+        time.sleep(0.01)
+
 def work():
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
     print(f"rank {os.environ['RANK']} pid {os.getpid()} attempt {attempt}", flush=True)
     if attempt == "0":
         if os.environ["LOCAL_RANK"] == "0":
-            time.sleep(0.5)
+            wait_for_the_peer()
             raise ValueError("boom")
+        open(PEER_INSIDE, "w").close()
         time.sleep(30)
 
 if os.environ.get("WRAP_ALL") or os.environ["LOCAL_RANK"] == "0":
@@ -116,14 +124,22 @@ STUCK = """
 import os, time
 import launcher
 
+# Rank 0 fails once rank 1 is inside its own function (an event, not a delay): it says so in a file.
+PEER_INSIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank1-inside")
+
+def wait_for_the_peer():
+    while not os.path.exists(PEER_INSIDE):
+        time.sleep(0.01)
+
 @launcher.recoverable
 def work():
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
     print(f"rank {os.environ['RANK']} pid {os.getpid()} attempt {attempt}", flush=True)
     if attempt == "0":
         if os.environ["LOCAL_RANK"] == "0":
-            time.sleep(0.5)
+            wait_for_the_peer()
             raise ValueError("boom")
+        open(PEER_INSIDE, "w").close()
         time.sleep(60)
 
 work()

@@ -20,12 +20,12 @@ NPROC = 3
 RELEASE_BOUND_S = 15.0
 
 
-def toy_run(tmp_path: Path, name: str, fail: str = "", delay: str = "0",
+def toy_run(tmp_path: Path, name: str, fail: str = "",
             extra: tuple[str, ...] = ()) -> tuple[Any, dict[int, list[dict[str, Any]]]]:
     """Run the example; its records by rank. The job's events go to ``tmp_path/<name>.events.jsonl``."""
     out = tmp_path / name
     out.mkdir()
-    env = {"TOY_OUT": str(out), "TOY_STEPS": "8", "TOY_FAIL": fail, "TOY_FAIL_DELAY": delay,
+    env = {"TOY_OUT": str(out), "TOY_STEPS": "8", "TOY_FAIL": fail,
            "LAUNCHER_EVENTS_FILE": str(tmp_path / f"{name}.events.jsonl")}
     extra = ("--event-log-handler", "jsonl", *extra)
     result = run_launcher(["--standalone", "--nproc-per-node", str(NPROC), "--max-restarts", "2", *extra, EXAMPLE],
@@ -54,9 +54,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[float]
 
 @pytest.fixture(scope="module")
 def raised(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[int, list[dict[str, Any]]], Path]:
-    # Rank 2 waits a second at step 5, so that ranks 0 and 1 are blocked in that step's all-reduce.
+    # Rank 2 waits at step 5 until ranks 0 and 1 recorded that they entered that step's all-reduce.
     base = tmp_path_factory.mktemp("raised")
-    return (*toy_run(base, "raised", fail="2:5:raise", delay="1"), base / "raised.events.jsonl")
+    return (*toy_run(base, "raised", fail="2:5:raise"), base / "raised.events.jsonl")
 
 
 def test_a_rank_that_raises_recovers_in_place(raised, reference):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,3 +24,12 @@ def start_job(write_script: Callable[[str, str], str], tmp_path: Path) -> Iterat
     for job in jobs:
         if job.process.returncode is None:
             job.finish()
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> str:
+    """The ``prometheus`` server's path; the test is skipped where it is missing (marker ``prometheus``)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("the prometheus binary is missing (Debian: apt-get install prometheus)")
+    return binary

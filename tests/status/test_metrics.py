@@ -4,7 +4,6 @@ running job (Debian's ``prometheus`` package; skipped where the binary is missin
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import urllib.parse
@@ -68,10 +67,8 @@ def _query(base: str, expression: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(180)
-def test_a_real_prometheus_scrapes_the_ranks_and_the_restart_count(start_job, tmp_path):
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("the prometheus binary is missing (Debian: apt-get install prometheus)")
+def test_a_real_prometheus_scrapes_the_ranks_and_the_restart_count(start_job, prometheus_binary, tmp_path):
+    binary = prometheus_binary
     job = start_job(["--max-restarts", "1", "--metrics-port", "0"], {"FAIL_FIRST": "1"})
     job.pids(attempt=1)
     record = wait_for(lambda: (r := _status_record(job.log_dir)) and r.get("metrics_port") and r, "the metrics port")
