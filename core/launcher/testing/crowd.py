@@ -11,8 +11,9 @@ the same order, under the real key names (:class:`~launcher.rendezvous.keys.Rend
    (:meth:`~launcher.rendezvous.membership.NodeDescriptor.record`);
 2. the node whose index is MAX closes the round: ``multi_get`` of every record, then
    ``compare_set(<r>/sealed, "", value)`` with :func:`~launcher.rendezvous.rounds.sealed_value`;
-3. every node waits for ``<r>/sealed`` in one-second slices (a wait, then a cancel, as
-   :func:`~launcher.rendezvous.store_ops.wait_in_slices`), and reads it;
+3. every node waits for ``<r>/sealed`` in slices (a wait, then a cancel, as
+   :func:`~launcher.rendezvous.store_ops.wait_in_slices`, as long as
+   :func:`~launcher.rendezvous.store_ops.wait_slice_for` says), and reads it;
 4. group rank 0 publishes ``<r>/master``, the others read it (the workers' store).
 
 A real node then decodes the record (its own CPU, in parallel with every other node); the crowd
@@ -34,9 +35,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.rendezvous.membership import NodeDescriptor, decode, encode_large
 from launcher.rendezvous.rounds import sealed_value
+from launcher.rendezvous.store_ops import wait_slice_for
 from launcher.store.protocol import VALIDATION_MAGIC, CheckResponse, QueryType, WaitResponse, encode_key
 
 __all__ = ["Crowd", "CrowdClient", "SteadyLoad"]
@@ -45,7 +48,7 @@ _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
-#: Longest single wait, as the rendezvous slices its waits (launcher.rendezvous.store_ops).
+#: Longest single wait of a client made alone (launcher.rendezvous.store_ops.WAIT_SLICE).
 WAIT_SLICE = 1.0
 
 
@@ -67,10 +70,11 @@ class CrowdClient:
     ``latencies`` (when given) collects each request's seconds under its name.
     """
 
-    def __init__(self, latencies: dict[str, list[float]] | None = None) -> None:
+    def __init__(self, latencies: dict[str, list[float]] | None = None, wait_slice: float = WAIT_SLICE) -> None:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self.latencies = latencies
+        self.wait_slice = wait_slice
 
     async def connect(self, host: str, port: int) -> None:
         """Connect and validate, as torch's client does (VALIDATE, then a PING)."""
@@ -143,8 +147,8 @@ class CrowdClient:
         return reply[0] == WaitResponse.STOP_WAITING
 
     async def wait_in_slices(self, keys: list[str]) -> None:
-        """Wait for ``keys`` in :data:`WAIT_SLICE` slices, as the rendezvous does."""
-        while not await self.wait(keys, WAIT_SLICE):
+        """Wait for ``keys`` in slices of :attr:`wait_slice` seconds, as the rendezvous does."""
+        while not await self.wait(keys, self.wait_slice):
             pass
 
     async def get(self, key: str) -> bytes:
@@ -191,6 +195,9 @@ class Crowd:
     first: int
     count: int
     local_world_size: int = 8
+    #: Longest single wait: ``None``, the rendezvous's own for a round this size
+    #: (:func:`~launcher.rendezvous.store_ops.wait_slice_for`, default settings).
+    wait_slice: float | None = None
     clients: list[CrowdClient] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -199,6 +206,9 @@ class Crowd:
 
     def __post_init__(self) -> None:
         self.keys = RendezvousKeys(self.run_id)
+        if self.wait_slice is None:
+            config = DynamicRendezvousConfig()
+            self.wait_slice = wait_slice_for(self.nodes, config.keep_alive_interval, config.liveness_timeout)
 
     def descriptor(self, i: int) -> NodeDescriptor:
         """Node ``i``'s descriptor: a host of its own (an address in 10.0.0.0/8), as on a cluster."""
@@ -210,7 +220,8 @@ class Crowd:
 
         async def one() -> CrowdClient:
             async with gate:
-                client = CrowdClient()
+                assert self.wait_slice is not None
+                client = CrowdClient(wait_slice=self.wait_slice)
                 await client.connect(self.host, self.port)
                 return client
 
@@ -255,8 +266,14 @@ class Crowd:
             json.loads(await client.get(self.keys.master(r)))
         return time.monotonic()
 
+    def assume_round(self) -> None:
+        """Take group ranks ``first ...`` in round 0 without forming it: the steady load alone."""
+        self.ranks = [self.first + k for k in range(self.count)]
+        self.round = 0
+
     async def steady(self, seconds: float, load: SteadyLoad | None = None) -> dict[str, list[float]]:
-        """Every node sends its per-interval requests for ``seconds``; each request's latency."""
+        """Every node sends its per-interval requests for ``seconds``; each request's latency.
+        The nodes must have joined a round (:meth:`join`) or taken ranks (:meth:`assume_round`)."""
         load = load or SteadyLoad()
         self.latencies = defaultdict(list)
         for client in self.clients:
