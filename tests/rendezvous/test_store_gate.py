@@ -223,3 +223,8 @@ def test_round_store_waits_leave_the_connection_to_the_heartbeat() -> None:
     finally:
         client.close()
         server.close()
+
+
+def test_sealed_addresses_clean_up_entries_a_closer_did_not_write_as_strings() -> None:
+    state = {"ids": ["a_1_0", "b_2_0"], "addrs": [["a", ""], ["b", 7]]}
+    assert sealed_addresses(state) == (("a",), ("b", "7"))

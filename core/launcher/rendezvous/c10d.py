@@ -172,12 +172,14 @@ def wait_until_reachable(host: str, port: int, timeout: float, run_id: str = "")
         delay = min(delay * 2, 1.0)
 
 
-def _serve(port: int, config: DynamicRendezvousConfig) -> Any:
+def _serve(port: int, config: DynamicRendezvousConfig, nodes: int | None = None) -> Any:
     """launcher's store server on ``port`` of every interface (as torch's TCPStore master binds),
-    admitting whom the site's ``join_networks`` and ``secret_file`` allow (docs/store-security.md)."""
+    admitting whom the site's ``join_networks`` and ``secret_file`` allow (docs/store-security.md).
+    ``nodes`` (MAX of ``--nnodes``) is how many agents it must hold connections for: it raises
+    its open-files limit to that, or says at once that the hard limit is too low."""
     from launcher.store.server import StoreServer
 
-    server = StoreServer("", port)
+    server = StoreServer("", port, clients=nodes)
     if config.store_admission is not None:
         server.admission = config.store_admission
     return server.start()
@@ -237,9 +239,17 @@ def _taken_by_another_program(host: str, port: int) -> bool:
 
 
 def open_store(
-    host: str, port: int, *, is_host: bool, explicit: bool, config: DynamicRendezvousConfig, run_id: str = ""
+    host: str,
+    port: int,
+    *,
+    is_host: bool,
+    explicit: bool,
+    config: DynamicRendezvousConfig,
+    run_id: str = "",
+    nodes: int | None = None,
 ) -> tuple[KeyValueStore, Any]:
-    """A client of the endpoint's store, and the server when this node serves it (else ``None``).
+    """A client of the endpoint's store, and the server when this node serves it (else ``None``);
+    ``nodes`` (MAX of ``--nnodes``) sizes the server's open-files limit.
 
     A guessed host finding the port busy (another agent of this machine serves it) connects as
     a client instead; an explicit ``is_host=1`` finding it busy is an error.
@@ -250,7 +260,7 @@ def open_store(
             log.info("rendezvous %r: %s is already served on this machine; connecting to it", run_id, host)
             return _connect(host, port, config, run_id), None
         try:
-            server = _serve(port, config)
+            server = _serve(port, config, nodes)
         except (StoreError, OSError) as exc:
             if explicit or not _in_use(exc):
                 raise RendezvousError(
@@ -305,7 +315,9 @@ def create_handler(params: RendezvousParameters) -> DynamicRendezvousHandler:
     host, port = parse_c10d_endpoint(params.endpoint)
     explicit = config.is_host is not None
     is_host = bool(config.is_host) if explicit else is_local_host(host, params.local_addr)
-    store, server = open_store(host, port, is_host=is_host, explicit=explicit, config=config, run_id=params.run_id)
+    store, server = open_store(
+        host, port, is_host=is_host, explicit=explicit, config=config, run_id=params.run_id, nodes=params.max_nodes
+    )
     return DynamicRendezvousHandler.from_parameters(
         store,
         params,

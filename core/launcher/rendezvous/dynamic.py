@@ -47,7 +47,7 @@ from launcher.rendezvous.liveness import (
 )
 from launcher.rendezvous.membership import Membership, NodeDescriptor
 from launcher.rendezvous.rounds import Rounds
-from launcher.rendezvous.store_ops import RoundStore, StoreOps
+from launcher.rendezvous.store_ops import RoundStore, StoreOps, wait_slice_for
 from launcher.rendezvous.workers_store import WorkersStore
 from launcher.store.api import KeyValueStore, StoreError
 
@@ -126,6 +126,9 @@ class DynamicRendezvousHandler:
         self._failure: str | None = None
         self._keys = RendezvousKeys(run_id)
         self._ops = StoreOps(store, run_id, self._config.read_timeout)
+        self._ops.wait_slice = wait_slice_for(
+            max_nodes, self._config.keep_alive_interval, self._config.liveness_timeout
+        )
         self._rounds = Rounds(
             self._ops,
             self._keys,

@@ -7,17 +7,28 @@ is what a node keeps of a sealed round it takes part in.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import json
 import os
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.rendezvous.api import RendezvousError
 
-__all__ = ["Membership", "NodeDescriptor", "decode", "encode", "list_ids", "sealed_addresses"]
+__all__ = [
+    "COMPRESS_OVER",
+    "Membership",
+    "NodeDescriptor",
+    "decode",
+    "encode",
+    "encode_large",
+    "list_ids",
+    "sealed_addresses",
+]
 
 # Node ids shown in one progress or error message, at most.
 _MAX_IDS = 16
@@ -77,9 +88,23 @@ class Membership:
     count: int
     #: Group rank of the participant that serves the store, if one does.
     host_rank: int | None = None
-    #: Each participant's addresses, in group-rank order: its announced address, then the one
-    #: its store connection came from when that differs (empty when the closer did not say).
-    addresses: tuple[tuple[str, ...], ...] = ()
+    #: The round's ``sealed`` record, as read (empty: not known); :attr:`addresses` comes from it.
+    sealed: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @functools.cached_property
+    def addresses(self) -> tuple[tuple[str, ...], ...]:
+        """Each participant's addresses, in group-rank order: its announced address, then the one
+        its store connection came from when that differs (empty when the round's record is not
+        known). Worked out when first asked (by the nodes that serve a store: group rank 0 and
+        the rendezvous's host), not by every node of a large round."""
+        return sealed_addresses(self.sealed) if self.sealed else ()
+
+
+#: A record longer than this (bytes of JSON) is stored zlib-compressed by :func:`encode_large`:
+#: a large round's ``sealed`` record, which every node reads (about 90 bytes per node).
+COMPRESS_OVER = 64 << 10
+#: The first byte of a zlib stream (deflate, 32 KiB window); no JSON text starts with it.
+_ZLIB_FIRST = 0x78
 
 
 def encode(value: Any) -> bytes:
@@ -87,8 +112,26 @@ def encode(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+def encode_large(value: Any) -> bytes:
+    """``value`` as :func:`encode` writes it, zlib-compressed when longer than
+    :data:`COMPRESS_OVER`: each node of a round reads its ``sealed`` record, so the store's host
+    sends it once per node (4,096 nodes: 4,096 times about 360 KB, or 50 KB compressed)."""
+    raw = encode(value)
+    if len(raw) <= COMPRESS_OVER:
+        return raw
+    import zlib
+
+    return zlib.compress(raw, 1)
+
+
 def decode(raw: bytes) -> dict[str, Any]:
-    """A stored record (a JSON object); :class:`RendezvousError` if it is anything else."""
+    """A stored record (a JSON object, or one :func:`encode_large` compressed);
+    :class:`RendezvousError` if it is anything else."""
+    if raw[:1] == bytes([_ZLIB_FIRST]):
+        import zlib
+
+        with contextlib.suppress(zlib.error):  # reported below as unreadable
+            raw = zlib.decompress(raw)
     try:
         value = json.loads(raw)
     except ValueError:
@@ -106,13 +149,19 @@ def list_ids(ids: Sequence[str]) -> str:
     return shown
 
 
-def sealed_addresses(state: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
+def sealed_addresses(state: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     """The participants' addresses of a ``sealed`` record, in group-rank order.
 
     From its ``addrs`` list; a record written without one gives the address part of each id.
     """
     ids = state.get("ids") or []
     addrs = state.get("addrs")
-    if isinstance(addrs, list) and len(addrs) == len(ids) and all(isinstance(entry, list) for entry in addrs):
-        return tuple(tuple(str(a) for a in entry if a) for entry in addrs if isinstance(entry, list))
+    if isinstance(addrs, list) and len(addrs) == len(ids) and set(map(type, addrs)) <= {list}:
+        # Every node reads this list, as long as the round is large: checked and copied with
+        # builtins (no Python-level loop per participant) when it is what closers write, a
+        # non-empty string per address; anything else is cleaned up entry by entry.
+        flat = list(itertools.chain.from_iterable(addrs))
+        if set(map(type, flat)) <= {str} and all(flat):
+            return tuple(map(tuple, addrs))
+        return tuple(tuple(str(a) for a in entry if a) for entry in addrs)
     return tuple((str(node).rsplit("_", 2)[0],) for node in ids)

@@ -18,16 +18,56 @@ from typing import Any
 from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
-from launcher.rendezvous.membership import Membership, NodeDescriptor, decode, encode, list_ids, sealed_addresses
+from launcher.rendezvous.membership import (
+    Membership,
+    NodeDescriptor,
+    decode,
+    encode,
+    encode_large,
+    list_ids,
+    sealed_addresses,
+)
 from launcher.rendezvous.store_ops import ConnectionLost, StoreOps
 from launcher.store.api import StoreError, StoreTimeoutError
 
-__all__ = ["CLOSED", "Rounds"]
+__all__ = ["CLOSED", "Rounds", "sealed_value"]
 
 log = logging.getLogger("launcher.rendezvous")
 
 #: What ``current`` and ``<r>/open`` hold once the job has ended.
 CLOSED = b"closed"
+
+
+def sealed_value(
+    nodes: list[dict[str, Any]], count: int, min_nodes: int, *, stable_rank0: bool, closer: str
+) -> dict[str, Any]:
+    """What a closer writes under ``<r>/sealed`` for the participant records ``nodes`` it read
+    (join indexes ``1..count``): the participants in rank order, or ``aborted`` below MIN."""
+    if len(nodes) < min_nodes:
+        return {"state": "aborted", "reason": f"only {len(nodes)} of {count} nodes announced themselves"}
+    stable = stable_rank0
+    # Deterministic order: every node would compute the same ranks from the same set.
+    nodes = sorted(
+        nodes,
+        key=lambda n: (
+            not (stable and n.get("host")),
+            not (stable and n.get("r0")),
+            str(n.get("addr")),
+            int(n.get("pid", 0)),
+            int(n.get("lid", 0)),
+        ),
+    )
+    hosts = [rank for rank, n in enumerate(nodes) if n.get("host")]
+    return {
+        "state": "sealed",
+        "count": count,
+        "ids": [n["id"] for n in nodes],
+        "lws": [n.get("lws") for n in nodes],
+        # Who the store's host admits once the round is closed (docs/store-security.md).
+        "addrs": [[str(a) for a in (n.get("addr"), n.get("via")) if a] for n in nodes],
+        "closer": closer,
+        "hr": hosts[0] if hosts else None,
+    }
 
 
 class Rounds:
@@ -256,35 +296,8 @@ class Rounds:
             present = [k for k in keys if self._ops.check([k])]
             records = self._ops.multi_get(present, self._config.read_timeout) if present else []
         nodes = [decode(raw) for raw in records]
-        if len(nodes) < self._min:
-            value: dict[str, Any] = {
-                "state": "aborted",
-                "reason": f"only {len(nodes)} of {count} nodes announced themselves",
-            }
-        else:
-            stable = self._config.stable_rank0
-            # Deterministic order: every node would compute the same ranks from the same set.
-            nodes.sort(
-                key=lambda n: (
-                    not (stable and n.get("host")),
-                    not (stable and n.get("r0")),
-                    str(n.get("addr")),
-                    int(n.get("pid", 0)),
-                    int(n.get("lid", 0)),
-                )
-            )
-            hosts = [rank for rank, n in enumerate(nodes) if n.get("host")]
-            value = {
-                "state": "sealed",
-                "count": count,
-                "ids": [n["id"] for n in nodes],
-                "lws": [n.get("lws") for n in nodes],
-                # Who the store's host admits once the round is closed (docs/store-security.md).
-                "addrs": [[str(a) for a in (n.get("addr"), n.get("via")) if a] for n in nodes],
-                "closer": self._node.id,
-                "hr": hosts[0] if hosts else None,
-            }
-        self._ops.compare_set(self._keys.sealed(r), b"", encode(value))
+        value = sealed_value(nodes, count, self._min, stable_rank0=self._config.stable_rank0, closer=self._node.id)
+        self._ops.compare_set(self._keys.sealed(r), b"", encode_large(value))
 
     def _after_sealed(self, r: int, index: int, deadline: float) -> Membership | int:
         state = decode(self._ops.get(self._keys.sealed(r)))
@@ -295,9 +308,8 @@ class Rounds:
             log.info("rendezvous %r: round %d was abandoned (%s); trying again", self._run_id, r, state.get("reason"))
             return self._open(r + 1)
         ids: list[str] = state["ids"]
-        addresses = sealed_addresses(state)
         if self.on_sealed is not None:
-            self.on_sealed(r, addresses)
+            self.on_sealed(r, sealed_addresses(state))
         try:
             rank = ids.index(self._node.id)
         except ValueError:
@@ -316,7 +328,7 @@ class Rounds:
             list(state.get("lws") or [None] * len(ids)),
             int(state["count"]),
             host_rank if isinstance(host_rank, int) else None,
-            addresses,
+            state,
         )
 
     def _wait_as_spare(self, r: int) -> int:

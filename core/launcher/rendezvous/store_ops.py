@@ -2,7 +2,8 @@
 
 One connection serves a handler's calls, its heartbeats and the agent's round store, so every
 call takes one lock (:class:`StoreOps`), and a blocking wait is cut into slices of at most
-:data:`WAIT_SLICE` seconds so that none of them locks the others out for long.
+:data:`WAIT_SLICE` seconds (longer in rounds of thousands of nodes: :func:`wait_slice_for`) so
+that none of them locks the others out for long.
 :class:`RoundStore` is the agent's view of that connection: the keys of one round. Its waits
 (the exit barrier, rank assignment, failure reports) run while the heartbeat thread beats, so
 they hold the lock for no blocking call at all: they poll with ``check`` and sleep between
@@ -19,12 +20,40 @@ from typing import Any, TypeVar
 from launcher.rendezvous.api import RendezvousError
 from launcher.store.api import KeyValueStore, StoreConnectionError, StoreError, StoreTimeoutError
 
-__all__ = ["POLL_MAX", "WAIT_SLICE", "ConnectionLost", "RoundStore", "StoreOps", "poll_until", "wait_in_slices"]
+__all__ = [
+    "POLL_MAX",
+    "WAIT_SLICE",
+    "ConnectionLost",
+    "RoundStore",
+    "StoreOps",
+    "poll_until",
+    "wait_in_slices",
+    "wait_slice_for",
+]
 
 T = TypeVar("T")
 
-#: Longest single blocking wait on the shared connection, in seconds.
+#: Longest single blocking wait on the shared connection, in seconds (rounds of up to
+#: :data:`WAITS_PER_SECOND` nodes; larger ones wait longer, see :func:`wait_slice_for`).
 WAIT_SLICE = 1.0
+#: Slices that the waiting nodes of a round end, together, per second at most (each costs the
+#: store's host a cancel and a new wait): beyond this many nodes, each node's slices lengthen.
+WAITS_PER_SECOND = 1024
+#: The longest slice a large round gets, in seconds.
+MAX_WAIT_SLICE = 4.0
+
+
+def wait_slice_for(max_nodes: int, keep_alive_interval: float, liveness_timeout: float) -> float:
+    """The slice length for a round of up to ``max_nodes`` nodes.
+
+    Each slice that ends without the key costs the store's host a cancel and a new wait, so N
+    waiting nodes cost N per slice length: the slices grow with the round (1 s up to 1,024
+    nodes, 4 s at 4,096), keeping those re-waits near :data:`WAITS_PER_SECOND`. A slice holds
+    the connection that the heartbeat shares, so it stays short enough for a delayed beat to
+    land well within the liveness timeout.
+    """
+    heartbeat_room = (liveness_timeout - keep_alive_interval) / 2
+    return max(WAIT_SLICE, min(max_nodes / WAITS_PER_SECOND, MAX_WAIT_SLICE, heartbeat_room))
 #: Longest pause between two checks of :func:`poll_until`, in seconds.
 POLL_MAX = 0.2
 
@@ -49,9 +78,13 @@ def poll_until(check: Callable[[], bool], timeout: float) -> bool:
 
 
 def wait_in_slices(
-    wait: Callable[[list[str], float], Any], check: Callable[[list[str]], bool], keys: list[str], timeout: float
+    wait: Callable[[list[str], float], Any],
+    check: Callable[[list[str]], bool],
+    keys: list[str],
+    timeout: float,
+    slice_s: float = WAIT_SLICE,
 ) -> bool:
-    """Wait up to ``timeout`` seconds for ``keys`` with ``wait`` calls of at most :data:`WAIT_SLICE`
+    """Wait up to ``timeout`` seconds for ``keys`` with ``wait`` calls of at most ``slice_s``
     seconds each (a slice that times out raises StoreTimeoutError); whether they all exist.
 
     Once the time is up, ``check`` gives the answer.
@@ -62,7 +95,7 @@ def wait_in_slices(
         if left <= 0:
             return check(keys)
         try:
-            wait(keys, min(left, WAIT_SLICE))
+            wait(keys, min(left, slice_s))
             return True
         except StoreTimeoutError:
             continue
@@ -81,6 +114,8 @@ class StoreOps:
         self.lock = threading.RLock()
         self.run_id = run_id
         self.read_timeout = read_timeout
+        #: Longest single blocking wait (:func:`wait_slice_for` the round's size).
+        self.wait_slice = WAIT_SLICE
 
     def call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` under the lock; a store failure becomes a RendezvousError naming ``what``."""
@@ -141,7 +176,7 @@ class StoreOps:
         def wait_slice(names: list[str], seconds: float) -> None:
             self.call("wait", self.store.wait, names, seconds)
 
-        return wait_in_slices(wait_slice, self.check, list(keys), timeout)
+        return wait_in_slices(wait_slice, self.check, list(keys), timeout, self.wait_slice)
 
 
 class RoundStore:

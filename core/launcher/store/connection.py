@@ -95,13 +95,23 @@ def reachability_problem(host: str, port: int, timeout: float = 2.0) -> str | No
 def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
     """Exactly ``n`` bytes from ``sock`` before ``deadline``; :class:`ConnectionError` when the
     server closes the connection first, :class:`TimeoutError` when the deadline passes."""
-    buf = bytearray()
-    while len(buf) < n:
+    sock.settimeout(deadline.remaining())
+    first = sock.recv(n)
+    if len(first) == n:
+        return first
+    if not first:
+        raise ConnectionError("the store closed the connection")
+    # A large value (a big round's sealed record) arrives in pieces: receive them in place.
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = len(first)
+    view[:got] = first
+    while got < n:
         sock.settimeout(deadline.remaining())
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
+        size = sock.recv_into(view[got:])
+        if not size:
             raise ConnectionError("the store closed the connection")
-        buf += chunk
+        got += size
     return bytes(buf)
 
 

@@ -45,6 +45,7 @@ from launcher.store.admission import (
     resolve_addresses,
 )
 from launcher.store.api import StoreError, StoreTimeoutError
+from launcher.store.fd_limit import raise_open_files
 from launcher.store.local import LocalStore
 from launcher.store.loop import ACCEPT_PAUSE_S, LISTENER_TAG, WAKEUP_TAG, ServeLoop
 from launcher.store.protocol import (
@@ -94,22 +95,6 @@ LOG_INTERVAL: Final = 60.0
 KNOCK_WINDOW: Final = 10.0
 
 
-def _raise_nofile_limit() -> None:
-    """Lift the soft open-files limit towards the hard one: every client costs a descriptor, and
-    a default soft limit of 1024 would cap a rendezvous far below 2,000 nodes."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on Windows
-        return
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = 1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)
-        if soft != resource.RLIM_INFINITY and soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (OSError, ValueError):  # pragma: no cover - best effort
-        pass
-
-
 class StoreServer(ServeLoop):
     """A TCPStore-compatible server running on one background thread.
 
@@ -120,7 +105,9 @@ class StoreServer(ServeLoop):
     closes it in :meth:`close`.
 
     :meth:`start` also lifts this process's soft open-files limit towards the hard limit, since
-    every connected client holds a descriptor.
+    every connected client holds a descriptor: to what ``clients`` connections need (the nodes
+    of a rendezvous) and at least 65,536. When the hard limit is too low for ``clients``, it
+    logs one warning saying so then (see :mod:`launcher.store.fd_limit`).
 
     Use as a context manager, or call :meth:`start` and :meth:`close`::
 
@@ -129,11 +116,15 @@ class StoreServer(ServeLoop):
             ...
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None, clients: int | None = None
+    ) -> None:
         if not 0 <= port < 1 << 16:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         self._requested_host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
         self._requested_port = port
+        #: Connections expected at once (the nodes of a rendezvous), for the open-files limit.
+        self.clients = clients
         self._listener: socket.socket | None = sock
         self._bound: tuple[str, int] | None = None
 
@@ -227,7 +218,9 @@ class StoreServer(ServeLoop):
             raise StoreError(f"cannot listen on {self._requested_address()}: {exc}") from exc
         self._bound = (str(name[0]), int(name[1]))
 
-        _raise_nofile_limit()
+        problem = raise_open_files(self.clients)
+        if problem is not None:
+            log.warning("%s", problem)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)

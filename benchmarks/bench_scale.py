@@ -1,0 +1,447 @@
+"""Rendezvous at scale: one c10d round and the steady load of N nodes on the store's host.
+
+The store's host runs in a process of its own: launcher's pure-Python server (what the c10d
+backend's host serves), or torch's TCPStore (libuv backend, ``is_master=True``) for comparison.
+The nodes are :class:`launcher.testing.crowd.Crowd`s: coroutines in a few processes, one real
+socket each, sending the requests a real node sends under the real key names (the CI test
+``tests/rendezvous/test_crowd.py`` has them form rounds with real handlers). Per size it prints:
+
+* the round: from "go" until the last node knows its rank and the workers' store;
+* the store host's CPU seconds during the round, and its RSS after it;
+* the sealed record's size, and what reading it costs one real node (decode and find its rank;
+  on a cluster every node does that on its own CPU, in parallel; here it is timed once);
+* at ``--steady`` sizes, for ``--steady-s`` seconds of the per-interval load (the heartbeat ring,
+  status records, aggregated straggler summaries; :class:`~launcher.testing.crowd.SteadyLoad`):
+  the host's CPU (cores) and RSS, requests per second, and each request's p50/p99 latency as
+  one more node in the benchmark's own (idle) process sees it, and as the crowd saw it (its
+  event loop's delays included: on a 2-core machine the crowd, not the host, is then busy);
+* the per-exchange figures of ``benchmarks/bench_exchanges.py``, when that file exists
+  (:func:`exchange_figures`).
+
+Usage::
+
+    python benchmarks/bench_scale.py                                   # 64, 256, 1024, 4096; both hosts
+    python benchmarks/bench_scale.py --sizes 1024,2048,4096 --hosts ours --steady 0
+
+Writes ``benchmarks/results/scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
+HOSTS = ("ours", "torch")
+RUN_ID = "scale"
+
+OUR_HOST = """
+import sys
+from launcher.store.server import StoreServer
+server = StoreServer("127.0.0.1", 0, clients=int(sys.argv[1])).start()
+print(server.port, flush=True)
+sys.stdin.read()
+"""
+
+TORCH_HOST = """
+import resource, sys
+from datetime import timedelta
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False,
+                      timeout=timedelta(seconds=600))
+print(store.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "core"), env.get("PYTHONPATH", "")]))
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return env
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# -- the store host's process -------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """``VmRSS`` (or ``VmHWM``, the peak) of process ``pid`` in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def start_host(kind: str, n: int) -> tuple[subprocess.Popen[str], int]:
+    """The store host's process and its port."""
+    script = OUR_HOST if kind == "ours" else TORCH_HOST
+    proc = subprocess.Popen([sys.executable, "-c", script, str(n + 16)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=_env())
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+# -- the nodes' processes -----------------------------------------------------------------------
+
+
+def _crowd_main(port: int, nodes: int, first: int, count: int, wait_slice: float | None) -> None:
+    """A crowd process: connect, say ``ready``; on ``go`` join; on ``steady S`` load; print JSON."""
+    from launcher.testing.crowd import Crowd
+
+    _raise_fd_limit()
+
+    async def main() -> None:
+        crowd = Crowd("127.0.0.1", port, RUN_ID, nodes=nodes, first=first, count=count, wait_slice=wait_slice)
+        await crowd.connect()
+        loop = asyncio.get_running_loop()
+        print("ready", flush=True)
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if line.strip() == "go":
+                done = await crowd.join()
+                print(json.dumps({"done": done, "ranks": crowd.ranks, "marks": crowd.marks}), flush=True)
+            elif line.startswith("steady"):
+                if not crowd.ranks:
+                    crowd.assume_round()
+                latencies = await crowd.steady(float(line.split()[1]))
+                print(json.dumps({k: [round(x * 1e6) for x in v] for k, v in latencies.items()}), flush=True)
+            else:
+                break
+        crowd.close()
+
+    asyncio.run(main())
+
+
+def _crowds(port: int, n: int, procs: int, wait_slice: float | None) -> list[subprocess.Popen[str]]:
+    shares = [n // procs + (1 if k < n % procs else 0) for k in range(procs)]
+    children, first = [], 0
+    for share in shares:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--crowd", str(port), str(n), str(first), str(share)]
+        if wait_slice is not None:
+            cmd += ["--wait-slice", str(wait_slice)]
+        children.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env()))
+        first += share
+    return children
+
+
+def _tell(children: list[subprocess.Popen[str]], line: str) -> None:
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(line + "\n")
+        child.stdin.flush()
+
+
+def _read(child: subprocess.Popen[str]) -> str:
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if not line:
+        raise RuntimeError(f"a crowd process ended early (exit {child.wait()})")
+    return line
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def sealed_read_cost(port: int) -> dict[str, float]:
+    """What reading the round's sealed record costs one real node: its size, and decoding it
+    and finding its rank (ms, best of several)."""
+    from launcher.rendezvous.keys import RendezvousKeys
+    from launcher.rendezvous.membership import decode
+    from launcher.store.client import TCPStoreClient
+
+    with TCPStoreClient("127.0.0.1", port, timeout=60) as client:
+        raw = client.get(RendezvousKeys(RUN_ID).sealed(0))
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        state = decode(raw)
+        state["ids"].index(state["ids"][-1])
+        best = min(best, time.perf_counter() - start)
+    return {"sealed_kb": round(len(raw) / 1024, 1), "node_read_ms": round(best * 1e3, 2)}
+
+
+def measure(kind: str, n: int, procs: int, limit: float) -> dict[str, Any]:
+    """One round of ``n`` nodes on a ``kind`` store host; everything is killed (and reported)
+    past ``limit`` seconds."""
+    host, port = start_host(kind, n)
+    # torch's server and the crowd disagree after a cancelled wait (the crowd then waits for a
+    # key that exists): against it the nodes wait in one piece, as torch's own clients do.
+    children = _crowds(port, n, procs, None if kind == "ours" else limit)
+    result: dict[str, Any] = {"host": kind, "nodes": n, "processes": procs}
+    guard = threading.Timer(limit, lambda: [c.kill() for c in children if c.poll() is None])
+    try:
+        for child in children:
+            assert _read(child).strip() == "ready"
+        guard.start()  # connecting thousands of clients is not part of the limit
+        idle_rss = rss_mb(host.pid)
+        cpu0 = cpu_seconds(host.pid)
+        start = time.monotonic()
+        _tell(children, "go")
+        parts = [json.loads(_read(child)) for child in children]
+        result["round_s"] = round(max(p["done"] for p in parts) - start, 3)
+        marks: dict[str, float] = {}
+        for p in parts:
+            for name, at in p["marks"].items():
+                marks[name] = max(marks.get(name, 0.0), at)
+        result["timeline_s"] = {name: round(at - start, 3) for name, at in sorted(marks.items(), key=lambda m: m[1])}
+        result["host_cpu_round_s"] = round(cpu_seconds(host.pid) - cpu0, 3)
+        ranks = sorted(r for p in parts for r in p["ranks"])
+        result["ranks_ok"] = ranks == list(range(n))
+        result["host_rss_mb"] = round(rss_mb(host.pid), 1)
+        result["host_rss_idle_mb"] = round(idle_rss, 1)
+        result.update(sealed_read_cost(port))
+        _tell(children, "end")
+        for child in children:
+            child.wait(60)
+        result["status"] = "ok" if result["ranks_ok"] else "error"
+    except Exception as exc:  # reported in the table; the other sizes still run
+        result["status"] = "error"
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        if guard.finished.is_set():  # the guard fired: the children were killed
+            result["error"] = f"did not finish within {limit:g} s"
+    finally:
+        guard.cancel()
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert host.stdin is not None
+        host.stdin.close()
+        host.wait(30)
+    return result
+
+
+def measure_steady(kind: str, n: int, procs: int, seconds: float, limit: float) -> dict[str, Any]:
+    """``seconds`` of the steady load of ``n`` nodes (ranks taken, no round formed) on a fresh
+    ``kind`` store host: its CPU and memory, and each request's latency."""
+    host, port = start_host(kind, n)
+    children = _crowds(port, n, procs, None)
+    result: dict[str, Any] = {"host": kind, "nodes": n, "processes": procs}
+    guard = threading.Timer(limit + seconds, lambda: [c.kill() for c in children if c.poll() is None])
+    try:
+        for child in children:
+            assert _read(child).strip() == "ready"
+        guard.start()  # connecting thousands of clients is not part of the limit
+        result["host_rss_idle_mb"] = round(rss_mb(host.pid), 1)
+        cpu0, t0 = cpu_seconds(host.pid), time.monotonic()
+        _tell(children, f"steady {seconds}")
+        stop = threading.Event()
+        probed: dict[str, list[float]] = {}
+        probe = threading.Thread(target=_probe, args=(port, n, stop, probed), daemon=True)
+        probe.start()
+        latencies: dict[str, list[float]] = {}
+        for child in children:
+            for name, values in json.loads(_read(child)).items():
+                latencies.setdefault(name, []).extend(v / 1e3 for v in values)
+        elapsed = time.monotonic() - t0
+        stop.set()
+        probe.join(30)
+        result.update({
+            "seconds": round(elapsed, 1),
+            "host_cpu_cores": round((cpu_seconds(host.pid) - cpu0) / elapsed, 3),
+            "host_rss_mb": round(rss_mb(host.pid), 1),
+            "host_peak_rss_mb": round(rss_mb(host.pid, "VmHWM"), 1),
+            "requests_per_s": round(sum(len(v) for v in latencies.values()) / elapsed),
+            "latency_ms": _summary(latencies),
+            "probe_latency_ms": _summary(probed),
+            "status": "ok",
+        })
+        _tell(children, "end")
+        for child in children:
+            child.wait(60)
+    except Exception as exc:  # reported in the table
+        result["status"] = "error"
+        failed = f"{type(exc).__name__}: {exc}"
+        result["error"] = f"did not finish in {limit:g} s" if guard.finished.is_set() else failed
+    finally:
+        guard.cancel()
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert host.stdin is not None
+        host.stdin.close()
+        host.wait(30)
+    return result
+
+
+def _summary(latencies: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {
+        name: {"n": len(v), "p50": round(_percentile(v, 0.5), 3), "p99": round(_percentile(v, 0.99), 3)}
+        for name, v in sorted(latencies.items())
+    }
+
+
+def _probe(port: int, n: int, stop: threading.Event, latencies: dict[str, list[float]]) -> None:
+    """One more node in this (otherwise idle) process: the steady load's requests in turn, 20 a
+    second, timed (ms). The crowd's own figures include its event loop's delays when its
+    processes are busy; this one's are the store host's answer under that load."""
+    from launcher.rendezvous.keys import RendezvousKeys
+    from launcher.store.api import StoreError
+    from launcher.store.client import TCPStoreClient
+
+    keys = RendezvousKeys(RUN_ID)
+    agent = keys.agent(0)
+    requests = [
+        ("add", lambda c: c.add(keys.heartbeat(0, 0), 0)),
+        ("set", lambda c: c.set(f"{agent}status/{n}", b"s" * 1500)),
+        ("check", lambda c: c.check([f"{agent}stragglers/verdict"])),
+        ("add", lambda c: c.add(keys.heartbeat(0, n), 1)),
+        ("get", lambda c: c.get(f"{agent}stragglers/verdict")),
+    ]
+    with TCPStoreClient("127.0.0.1", port, timeout=60) as client:
+        client.set(f"{agent}stragglers/verdict", b"v" * 200)
+        turn = 0
+        while not stop.wait(0.05):
+            name, request = requests[turn % len(requests)]
+            start = time.perf_counter()
+            try:
+                request(client)
+            except StoreError:  # the host went away (the measurement failed): nothing more to time
+                return
+            latencies.setdefault(name, []).append((time.perf_counter() - start) * 1e3)
+            turn += 1
+
+
+def exchange_figures(n: int) -> dict[str, Any] | None:
+    """Store requests and bytes per node per interval of each cross-node exchange at ``n`` nodes,
+    before and after aggregation, from ``benchmarks/bench_exchanges.py`` (its ``figures(n)``);
+    ``None`` while that benchmark does not exist."""
+    path = ROOT / "benchmarks" / "bench_exchanges.py"
+    if not path.exists():
+        return None
+    sys.path.insert(0, str(path.parent))
+    try:
+        import bench_exchanges  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    figures = getattr(bench_exchanges, "figures", None)
+    return figures(n) if callable(figures) else None
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.1f} {five:.1f} {fifteen:.1f}"
+
+
+def print_tables(results: list[dict[str, Any]]) -> None:
+    print(f"{'host':>6} {'nodes':>6} {'round s':>8} {'host CPU s':>10} {'host RSS MB':>11} "
+          f"{'sealed KB':>9} {'node read ms':>12}")
+    for r in (r for r in results if r.get("kind") == "round"):
+        if r.get("status") != "ok":
+            print(f"{r['host']:>6} {r['nodes']:>6} {r.get('error', 'error')}")
+            continue
+        print(f"{r['host']:>6} {r['nodes']:>6} {r['round_s']:>8.2f} {r['host_cpu_round_s']:>10.2f} "
+              f"{r['host_rss_mb']:>11.1f} {r['sealed_kb']:>9.1f} {r['node_read_ms']:>12.2f}")
+    for s in (r for r in results if "latency_ms" in r):
+        print(f"\nsteady state, {s['nodes']} nodes, {s['host']} host, {s['seconds']} s: "
+              f"{s['host_cpu_cores']:.3f} cores, RSS {s['host_rss_mb']:.0f} MB (peak {s['host_peak_rss_mb']:.0f}, "
+              f"idle {s['host_rss_idle_mb']:.0f}), {s['requests_per_s']} requests/s")
+        for name, lat in s["probe_latency_ms"].items():
+            print(f"  {name:>12}: p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  ({lat['n']} requests of the probe)")
+        for name, lat in s["latency_ms"].items():
+            print(f"  {name:>12}: p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  ({lat['n']} requests, "
+                  "as the crowd saw them)")
+    for s in (r for r in results if r.get("kind") == "steady" and r.get("status") != "ok"):
+        print(f"\nsteady state, {s['nodes']} nodes, {s['host']} host: {s.get('error')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="64,256,1024,4096", help="comma-separated node counts")
+    parser.add_argument("--hosts", default="ours,torch", help="store hosts: ours, torch, or both")
+    parser.add_argument("--steady", default="4096", help="sizes that also run the steady load (0: none)")
+    parser.add_argument("--steady-s", type=float, default=20.0, help="seconds of steady load")
+    parser.add_argument("--procs", type=int, default=0, help="crowd processes (default: 1 per 1,024 nodes, 1 to 4)")
+    parser.add_argument("--limit", type=float, default=300.0, help="seconds before a measurement is given up")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--crowd", nargs=4, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--wait-slice", type=float, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.crowd:
+        _crowd_main(*args.crowd, args.wait_slice)
+        return 0
+    _raise_fd_limit()
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        steady = {int(s) for s in args.steady.split(",") if s.strip()}
+    except ValueError:
+        parser.error("--sizes and --steady take comma-separated whole numbers, e.g. 64,256,1024")
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    for kind in hosts:
+        if kind not in HOSTS:
+            parser.error(f"unknown store host {kind!r}: choose from {', '.join(HOSTS)}")
+    print(f"{os.cpu_count()} CPUs, load average {_load()} at the start", flush=True)
+    results = []
+    for n in sizes:
+        procs = args.procs or max(1, min(4, -(-n // 1024)))
+        for kind in hosts:
+            result = measure(kind, n, procs, args.limit)
+            result.update(kind="round", load_average=_load())
+            results.append(result)
+            print(f"{kind:>6} N={n:<6} {result.get('status')} round {result.get('round_s')} s "
+                  f"(load {result['load_average']})", flush=True)
+        for kind in hosts if n in steady else ():
+            result = measure_steady(kind, n, procs, args.steady_s, args.limit)
+            result.update(kind="steady", load_average=_load())
+            results.append(result)
+            print(f"{kind:>6} N={n:<6} steady {result.get('status')} {result.get('host_cpu_cores')} cores "
+                  f"(load {result['load_average']})", flush=True)
+        figures = exchange_figures(n)
+        if figures is not None:
+            results.append({"nodes": n, "kind": "exchanges", "exchanges": figures})
+    print()
+    print_tables(results)
+    ok = sorted((r for r in results if r.get("kind") == "round" and r["host"] == "ours" and r.get("status") == "ok"),
+                key=lambda r: r["nodes"])
+    growth = [
+        {"from": a["nodes"], "to": b["nodes"], "time_ratio": round(b["round_s"] / a["round_s"], 2)}
+        for a, b in zip(ok, ok[1:], strict=False)
+        if a["round_s"] > 0
+    ]
+    for g in growth:
+        print(f"ours: {g['from']} -> {g['to']} nodes: {g['time_ratio']}x the time")
+    report = {
+        "benchmark": "one c10d round and the steady load of N simulated nodes (asyncio crowds), one store host",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_average_end": _load()},
+        "results": results,
+        "ours_growth": growth,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

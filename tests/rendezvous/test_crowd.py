@@ -1,0 +1,94 @@
+"""The asyncio crowd (benchmarks/bench_scale.py's nodes) forms rounds with real handlers.
+
+Real :class:`DynamicRendezvousHandler` nodes and simulated ones join one round on launcher's
+store server: if the crowd spoke the protocol differently from the real algorithm, the round
+would not form, or the two would disagree on ranks and participants. Structure only, no timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from launcher.rendezvous import membership
+from launcher.rendezvous.config import DynamicRendezvousConfig
+from launcher.rendezvous.dynamic import DynamicRendezvousHandler
+from launcher.rendezvous.keys import RendezvousKeys
+from launcher.store.client import TCPStoreClient
+from launcher.store.server import StoreServer
+from launcher.testing.crowd import Crowd
+
+pytestmark = pytest.mark.timeout(300)
+
+CROWD = 300
+REAL = 3
+
+
+def _real_handlers(server: StoreServer, run_id: str, n: int) -> list[DynamicRendezvousHandler]:
+    config = DynamicRendezvousConfig(join_timeout=240, last_call_timeout=30, read_timeout=120)
+    return [
+        DynamicRendezvousHandler(
+            TCPStoreClient("127.0.0.1", server.port, timeout=120),
+            run_id=run_id,
+            min_nodes=n,
+            max_nodes=n,
+            config=config,
+            local_addr="127.0.0.1",
+        )
+        for _ in range(REAL)
+    ]
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["json", "compressed"])
+def test_a_crowd_and_real_nodes_form_one_round(monkeypatch: pytest.MonkeyPatch, compressed: bool) -> None:
+    if compressed:  # a round this size stores its record as JSON; make it take the large rounds' path
+        monkeypatch.setattr(membership, "COMPRESS_OVER", 1024)
+    n = CROWD + REAL
+    run_id = f"crowd-{compressed}"
+    with StoreServer("127.0.0.1", 0, clients=n + 8) as server:
+        handlers = _real_handlers(server, run_id, n)
+        infos: list[object] = [None] * REAL
+        errors: list[BaseException] = []
+
+        def real(i: int) -> None:
+            try:
+                infos[i] = handlers[i].next_rendezvous()
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=real, args=(i,), daemon=True) for i in range(REAL)]
+        crowd = Crowd("127.0.0.1", server.port, run_id, nodes=n, first=0, count=CROWD)
+
+        async def simulate() -> None:
+            try:
+                await crowd.connect()
+                for thread in threads:
+                    thread.start()
+                await crowd.join()
+                await crowd.steady(1.5)
+            finally:
+                crowd.close()
+
+        try:
+            asyncio.run(simulate())
+            for thread in threads:
+                thread.join(120)
+            assert not errors, errors
+            ranks = sorted(crowd.ranks + [info.group_rank for info in infos])  # type: ignore[attr-defined]
+            assert ranks == list(range(n))
+            participants = [info.participants for info in infos]  # type: ignore[attr-defined]
+            assert all(p == participants[0] for p in participants)
+            assert len(participants[0]) == n
+            ids = {crowd.descriptor(k).id for k in range(CROWD)}
+            assert ids <= set(participants[0])
+            for info in infos:
+                assert info.group_world_size == n  # type: ignore[attr-defined]
+                assert info.local_world_sizes == []  # the real nodes did not say theirs  # type: ignore[attr-defined]
+            raw = server.store.get(RendezvousKeys(run_id).sealed(0))
+            assert (raw[:1] == b"\x78") is compressed
+            # The steady load touched every node's heartbeat and status keys.
+            assert set(crowd.latencies) >= {"add", "set", "check"}
+        finally:
+            for handler in handlers:
+                handler.shutdown()
