@@ -58,6 +58,13 @@ def measure(core: Path, kind: str, n: int, limit: float) -> dict | None:
     return figures
 
 
+def figures(n: int, limit: float = 300.0) -> dict[str, dict | None]:
+    """Each exchange's figures at ``n`` nodes with this tree's algorithm (``None``: more than
+    ``limit`` seconds), for ``benchmarks/bench_scale.py``; main's algorithm is measured by this
+    file's own run (it needs a worktree of main)."""
+    return {kind: measure(ROOT / "core", kind, n, limit) for kind in ("stragglers", "hangs")}
+
+
 def _kb(value: float) -> str:
     return f"{value / 1024:,.1f}"
 

@@ -334,7 +334,8 @@ def _probe(port: int, n: int, stop: threading.Event, latencies: dict[str, list[f
 
 def exchange_figures(n: int) -> dict[str, Any] | None:
     """Store requests and bytes per node per interval of each cross-node exchange at ``n`` nodes,
-    before and after aggregation, from ``benchmarks/bench_exchanges.py`` (its ``figures(n)``);
+    with this tree's algorithm, from ``benchmarks/bench_exchanges.py`` (its ``figures(n)``; main's
+    algorithm, the "before", is in that benchmark's own run);
     ``None`` while that benchmark does not exist."""
     path = ROOT / "benchmarks" / "bench_exchanges.py"
     if not path.exists():
@@ -419,6 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         figures = exchange_figures(n)
         if figures is not None:
             results.append({"nodes": n, "kind": "exchanges", "exchanges": figures})
+            for name, figure in figures.items():
+                if figure is None:
+                    print(f"  N={n:<6} {name}: not measured within its limit", flush=True)
+                else:
+                    print(f"  N={n:<6} {name}: {figure['node_requests']:.1f} requests and "
+                          f"{figure['node_bytes'] / 1024:.1f} KB per node "
+                          f"(store host {figure['total_bytes'] / 1e6:.1f} MB)",
+                          flush=True)
     print()
     print_tables(results)
     ok = sorted((r for r in results if r.get("kind") == "round" and r["host"] == "ours" and r.get("status") == "ok"),
