@@ -76,6 +76,7 @@ TORCH_JOBS = (
 #: Tests that import torch in their own process, or run a worker or torchrun that does (without being
 #: a job of several torch workers): skipped on a Python without torch (the fast lane on 3.10, 3.13).
 TORCH_IMPORTS = (
+    "tests/recovery/test_slow_abort.py::",
     "tests/core/test_worker_env.py::test_environment_matches_torchrun",
     "tests/core/test_worker_env.py::test_is_torchelastic_launched_and_record",
     "tests/devices/test_cuda.py::test_without_nvml_a_cpu_only_torch_means_no_cuda",

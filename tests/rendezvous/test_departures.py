@@ -113,11 +113,13 @@ def test_a_killed_agent_is_reported_at_once_not_after_the_heartbeat_timeout(tmp_
     try:
         child.send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        assert wait_for(lambda: bool(host.lost_nodes()), 10), "the dead node was not reported"
+        # Half the heartbeat timeout: reported before it, whatever the machine's load (on a loaded
+        # CI machine the watcher's 5 s ticks can run late).
+        assert wait_for(lambda: bool(host.lost_nodes()), 30), "the dead node was not reported within 30 s"
         took = time.monotonic() - killed
         (lost,) = host.lost_nodes()
         assert host.departures() == {lost: AGENT_DIED}
-        assert took < 10, f"{took:.1f} s: the heartbeat timeout is 60 s, the connection closed at once"
+        assert took < 30, f"{took:.1f} s: the heartbeat timeout is 60 s, the connection closed at once"
     finally:
         child.kill()
         child.wait()
