@@ -58,16 +58,10 @@ def _arm():
 
 def _serve_flight_recorder():
     # The armed process only (as the stacks): its thread dumps torch's flight record on request.
-    import importlib.util
-
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "flightrec_worker.py")
-    spec = importlib.util.spec_from_file_location("_launcher_flightrec_worker", path)
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    module.serve()
+    module = _load_file("_launcher_flightrec_worker", path)
+    if module is not None:
+        module.serve()
 
 
 def _time_collectives():
@@ -78,15 +72,23 @@ def _time_collectives():
         return
     if not os.environ.get("LAUNCHER_STRAGGLER_PID"):
         os.environ["LAUNCHER_STRAGGLER_PID"] = str(os.getpid())
+    module = _load_file("_launcher_straggler_timing", path)
+    if module is not None:
+        module.install()
+
+
+def _load_file(name, path):
+    # A module of launcher's loaded by its path under ``name`` (this file cannot import launcher);
+    # ``None`` when it cannot be loaded.
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_launcher_straggler_timing", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        return
+        return None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
-    module.install()
+    return module
 
 
 def _unshadow():
