@@ -229,14 +229,7 @@ def measure(kind: str, n: int, procs: int, limit: float) -> dict[str, Any]:
         if guard.finished.is_set():  # the guard fired: the children were killed
             result["error"] = f"did not finish within {limit:g} s"
     finally:
-        guard.cancel()
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-        assert host.stdin is not None
-        host.stdin.close()
-        host.wait(30)
+        _stop(guard, children, host)
     return result
 
 
@@ -283,14 +276,7 @@ def measure_steady(kind: str, n: int, procs: int, seconds: float, limit: float) 
         failed = f"{type(exc).__name__}: {exc}"
         result["error"] = f"did not finish in {limit:g} s" if guard.finished.is_set() else failed
     finally:
-        guard.cancel()
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-        assert host.stdin is not None
-        host.stdin.close()
-        host.wait(30)
+        _stop(guard, children, host)
     return result
 
 
@@ -347,6 +333,19 @@ def exchange_figures(n: int) -> dict[str, Any] | None:
         sys.path.pop(0)
     figures = getattr(bench_exchanges, "figures", None)
     return figures(n) if callable(figures) else None
+
+
+def _stop(guard: Any, children: list[subprocess.Popen], host: subprocess.Popen) -> None:
+    """After a measurement: cancel its guard, kill the simulated nodes left, and end the store host
+    (its stdin closing tells it to)."""
+    guard.cancel()
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert host.stdin is not None
+    host.stdin.close()
+    host.wait(30)
 
 
 def _load() -> str:
