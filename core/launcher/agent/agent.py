@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.agent.attempt import start_attempt
 from launcher.agent.environment import worker_environment
 from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
-from launcher.agent.reporting import NodeReporter
+from launcher.agent.reporting import NodeReporter, store_gone
 from launcher.agent.restart import RestartTally, announce_restart, restarts_note, stop_failed
 from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, exit_now, signal_message
@@ -37,7 +37,7 @@ from launcher.health.api import EXIT_NODE_SICK
 from launcher.health.gate import HealthGate, NodeSick
 from launcher.logs.pump import OutputPump
 from launcher.plugins.types import finish_logs
-from launcher.rendezvous.api import RendezvousError, StoreBackedHandler
+from launcher.rendezvous.api import RendezvousError, RendezvousStoreError, StoreBackedHandler
 from launcher.store.api import StoreError
 from launcher.stragglers.settings import monitor_for as straggler_monitor
 
@@ -202,6 +202,10 @@ class Agent:
                 result = self._stopped(exc.signum)
             except (RendezvousError, StoreError) as exc:
                 report = self._report
+                if isinstance(exc, (StoreError, RendezvousStoreError)) and report.store_note is None:
+                    # A store that refuses or cut this node off is not written to on the way out
+                    # (each write would wait out a connect timeout); a passing hiccup is.
+                    report.store_note = store_gone(self._handler_used) if self._handler_used is not None else None
                 if report.last_ranks and report.group_rank is not None:
                     report.log_ranks(report.last_ranks)
                 result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
@@ -547,10 +551,11 @@ class Agent:
                 return WatchOutcome.HUNG, self._hangs.hung_slots()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
-                self._health.poll(handler)
                 self._stragglers.act(handler, info)  # --straggler-action exclude (launcher.stragglers.exclusion)
                 with self._signals.interruptible():  # a store that went away is retried for seconds
                     change = membership_changed(handler, self._report, self._emit, info)
+                if change is not WatchOutcome.STORE_GONE:  # after the check: a cut-off store is not waited for twice
+                    self._health.poll(handler)
                 if change is not None:
                     return change, []
 

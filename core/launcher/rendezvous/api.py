@@ -31,6 +31,11 @@ class RendezvousTimeoutError(RendezvousError):
     """Not enough nodes joined in time."""
 
 
+class RendezvousStoreError(RendezvousError):
+    """A call to the rendezvous store failed (it refused, closed or cut off the connection): the
+    agent then asks whether the store is gone before writing anything more to it."""
+
+
 class RendezvousConfigError(UsageError):
     """Invalid ``--rdzv-*`` settings."""
 

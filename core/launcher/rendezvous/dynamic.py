@@ -457,7 +457,7 @@ class DynamicRendezvousHandler:
         ok = True
         if self._store_gone:
             if self._watcher is not None:
-                self._watcher.stop()
+                self._watcher.stop(wait=False)  # a beat in flight to a store that is gone only fails
                 self._watcher = None
             self._current = None
         elif self._is_host and self._current is not None:

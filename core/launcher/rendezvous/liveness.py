@@ -98,9 +98,15 @@ class RingWatcher:
         """Hand this watcher to its scheduler."""
         self._scheduler.add(self)
 
-    def stop(self) -> None:
-        """No step runs after this returns (the caller then marks the node as left)."""
+    def stop(self, wait: bool = True) -> None:
+        """No step runs after this returns (the caller then marks the node as left).
+
+        ``wait=False``: no new step starts, but one in flight is not waited for (a store that
+        is gone: that step only fails, after its connect timeout, and writes nothing)."""
         self._scheduler.remove(self)
+        if not wait:
+            self._stopped = True
+            return
         with self._step_lock:
             self._stopped = True
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from launcher.rendezvous.api import RendezvousError
+from launcher.rendezvous.api import RendezvousError, RendezvousStoreError
 from launcher.store.api import KeyValueStore, StoreConnectionError, StoreError, StoreTimeoutError
 
 __all__ = [
@@ -101,7 +101,7 @@ def wait_in_slices(
             continue
 
 
-class ConnectionLost(RendezvousError):
+class ConnectionLost(RendezvousStoreError):
     """The store closed this node's connection during a call (the request may or may not have
     run): a closed round's c10d store cuts off nodes that are not its members, spares included."""
 
@@ -132,7 +132,9 @@ class StoreOps:
             except StoreConnectionError as exc:
                 raise ConnectionLost(f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}") from None
             except StoreError as exc:
-                raise RendezvousError(f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}") from None
+                raise RendezvousStoreError(
+                    f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}"
+                ) from None
 
     def raw(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` under the lock, store errors unchanged (for the agent's round store)."""
