@@ -214,6 +214,7 @@ class LaunchConfig:
                 exit_barrier_timeout=self.exit_barrier_timeout,
                 virtual_local_rank=bool(self.virtual_local_rank),
                 worker_tty=self.worker_tty,
+                signal_numbers=tuple(self.signal_numbers),
             ),
             "events": self.events,
             "logs": LogSettings(
@@ -285,4 +286,5 @@ class LaunchConfig:
 
     @property
     def signal_numbers(self) -> list[int]:
+        """:attr:`signals_to_handle` as signal numbers."""
         return signal_numbers(self.signals_to_handle)

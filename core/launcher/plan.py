@@ -222,7 +222,6 @@ def plan_from_settings(
 
     check_worker_limits(workers.nproc_per_node)
 
-    from launcher.agent.settings import signal_numbers
     from launcher.rendezvous.registry import parameters_for
 
     if logs_specs is None:
@@ -239,8 +238,6 @@ def plan_from_settings(
         from launcher.preemption.settings import plan_for
 
         preemption = plan_for(preemption_settings, workers.shutdown_timeout)
-    # The names were checked by the workers' group; this is only their conversion to numbers.
-    signals = signal_numbers(workers.signals_to_handle)
     frozen = MappingProxyType(dict(settings))
     preload = tuple(settings["preload"].modules)
     return LaunchPlan(
@@ -255,7 +252,7 @@ def plan_from_settings(
         exit_barrier_timeout=workers.exit_barrier_timeout,
         local_addr=rdzv.local_addr,
         # The preemption signals are caught too, whether or not --signals-to-handle names them.
-        signals=tuple(dict.fromkeys([*signals, *(preemption.signals if preemption else ())])),
+        signals=tuple(dict.fromkeys([*workers.signal_numbers, *(preemption.signals if preemption else ())])),
         signal_names=tuple(s.strip() for s in workers.signals_to_handle),
         rendezvous=RendezvousPlan(backend, parameters_for(rdzv)),
         workers=WorkerPlan(
