@@ -11,14 +11,15 @@
                      └─ decisions: the LogsSpecs object, the NUMA CPU plan, the workers' base
                         environment (OMP_NUM_THREADS), --virtual-local-rank's devices, hang settings
 
-:func:`build_plan` raises every problem it finds as a :class:`~launcher.errors.UsageError` (one
-line, exit status 2; NUMA's ``--numa-fallback error`` as a :class:`~launcher.errors.LaunchError`)
-before a store is served, a node contacted or a worker started. It reads every value from the
-flag groups' settings objects (``settings["rendezvous"]``, ``["workers"]``, ``["logs"]``...), each
-already checked by the group that made it, and checks again only what needs a plugin or the
-machine. The CLI and the Python API both build the plan this way (the API through
-:func:`build_plan`, which turns a :class:`~launcher.config.LaunchConfig` into those objects
-first), so both print the same notices and reject the same input.
+:func:`plan_from_settings` (and :func:`build_plan`) raises every problem it finds as a
+:class:`~launcher.errors.UsageError` (one line, exit status 2; NUMA's ``--numa-fallback error``
+as a :class:`~launcher.errors.LaunchError`) before a store is served, a node contacted or a
+worker started. It reads every value from the flag groups' settings objects
+(``settings["rendezvous"]``, ``["workers"]``, ``["logs"]``...), each already checked by the group
+that made it, and checks again only what needs a plugin or the machine. The CLI and the Python
+API both build the plan this way (the API through :func:`build_plan`, which turns a
+:class:`~launcher.config.LaunchConfig` into those objects first), so both print the same notices
+and reject the same input.
 
 A plan holds no resources. What would be one is a factory the agent calls and then owns:
 :meth:`RendezvousPlan.create_handler` (creating a handler may connect to a store) and
