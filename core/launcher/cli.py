@@ -86,13 +86,15 @@ def _spawn_watchdog() -> Watchdog:
 def run(argv: Sequence[str]) -> int:
     """Run the command line ``argv`` (without the program name); the exit status.
 
-    command line ─► :class:`~launcher.config.LaunchConfig` ─► :class:`~launcher.plan.LaunchPlan`
-    ─► :class:`~launcher.agent.agent.Agent`: every problem with the input ends the first two steps
-    (a :class:`UsageError`, exit status 2) before the agent starts anything. Only the watchdog's
+    command line ─► every flag group's settings object (:func:`~launcher.command_line.read_command_line`,
+    each value read and checked once, by its capability's settings module) ─►
+    :class:`~launcher.plan.LaunchPlan` (built from those objects) ─► :class:`~launcher.agent.agent.Agent`:
+    every problem with the input ends the first two steps (a :class:`UsageError`, exit status 2)
+    before the agent starts anything. Only the watchdog's
     process runs by then (spawned early, see :meth:`~launcher.containment.watchdog.Watchdog.spawn`); it
     is ended at once.
     """
-    from launcher.command_line import config_from_args
+    from launcher.command_line import read_command_line
     from launcher.options import check_environment, flag_groups, parse_args
     from launcher.plugins.manager import get_plugin_manager
 
@@ -126,11 +128,7 @@ def run(argv: Sequence[str]) -> int:
         from launcher.clusters.apply import apply_cluster
 
         apply_cluster(args, manager)  # fills only the flags the command line left out
-        command_line = config_from_args(args, manager, groups=groups)
-        from launcher.plan import build_plan
-
-        plan = build_plan(command_line.config, manager, command_line.entrypoint(),
-                          device_provider=command_line.device_provider)
+        plan = read_command_line(args, manager, groups=groups).plan(manager)
         from launcher.agent.agent import Agent
 
         # The agent may contain its job in this process's cgroup; it starts and stops the watchdog.

@@ -1,8 +1,10 @@
-"""From the parsed command line to a :class:`~launcher.config.LaunchConfig` and the workers' command.
+"""From the parsed command line to the flag groups' settings objects and the workers' command.
 
-:mod:`launcher.options` reads the flags as text; :func:`config_from_args` has every flag group
-(the core's and the plugins') read and check its own flags, naming the flag or the ``PET_*``
-variable a value came from, and builds the config from their settings objects. Every problem is a
+:mod:`launcher.options` reads the flags as text; :func:`read_command_line` has every flag group
+(the core's and the plugins') read and check its own flags once, naming the flag or the ``PET_*``
+variable a value came from. The plan is built from those settings objects
+(:meth:`CommandLine.plan`, :func:`launcher.plan.plan_from_settings`); no
+:class:`~launcher.config.LaunchConfig` is made on the way. Every problem is a
 :class:`~launcher.errors.UsageError`: one line, exit status 2.
 """
 
@@ -13,61 +15,57 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.config import LaunchConfig
-
 if TYPE_CHECKING:  # pragma: no cover
     import argparse
 
     from launcher.agent.group import Entrypoint
     from launcher.flags import FlagGroup
+    from launcher.plan import LaunchPlan
     from launcher.plugins.manager import LauncherPluginManager
-    from launcher.plugins.types import DeviceProvider
 
-__all__ = ["CommandLine", "config_from_args"]
+__all__ = ["CommandLine", "read_command_line"]
 
 
 @dataclass
 class CommandLine:
-    """What the CLI runs: the validated config and each worker's command."""
+    """What the CLI runs: every flag group's settings object, checked, and what is not a flag."""
 
-    config: LaunchConfig
-    #: argv of the worker command (``${local_rank}`` substituted per worker); empty for run-path.
-    command: list[str]
-    #: For ``--run-path``: the script run in-process with runpy, and its arguments.
-    run_path: tuple[str, list[str]] | None = None
-    #: The provider that counted ``--nproc-per-node`` when it named a device kind.
-    device_provider: DeviceProvider | None = None
+    #: Every flag group's settings object by group name, the plugins' included (:func:`launcher.flags.read_groups`).
+    settings: dict[str, Any]
+    #: ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``; ``None`` gives ``[<role><local_rank>]:``.
+    prefix_template: str | None = None
 
     def entrypoint(self) -> Entrypoint:
         """What every worker runs: the command, or for ``--run-path`` the script run in-process."""
         from launcher.agent.group import Entrypoint
 
-        if self.run_path is not None:
+        workers = self.settings["workers"]
+        if workers.run_path is not None:
             from launcher.run_path import run_script
 
-            script, script_args = self.run_path
+            script, script_args = workers.run_path
             return Entrypoint(function=run_script, args=(script, *script_args))
-        return Entrypoint(command=self.command)
+        return Entrypoint(command=list(workers.command))
+
+    def plan(self, manager: LauncherPluginManager) -> LaunchPlan:
+        """The launch plan, built from the settings objects (:func:`launcher.plan.plan_from_settings`)."""
+        from launcher.plan import plan_from_settings
+
+        return plan_from_settings(self.settings, manager, self.entrypoint(), prefix_template=self.prefix_template)
 
 
-def config_from_args(args: argparse.Namespace, manager: LauncherPluginManager,
-                     environ: Mapping[str, str] | None = None,
-                     groups: Sequence[FlagGroup[Any]] | None = None) -> CommandLine:
-    """Read every flag group (``groups``: the core's and ``manager``'s plugins') and build the launch's config.
+def read_command_line(args: argparse.Namespace, manager: LauncherPluginManager,
+                      environ: Mapping[str, str] | None = None,
+                      groups: Sequence[FlagGroup[Any]] | None = None) -> CommandLine:
+    """Read every flag group (``groups``: the core's and ``manager``'s plugins'), each value once.
 
     Raises :class:`UsageError`. Messages name where a value came from: the flag, or its ``PET_*``
-    variable. The plugins the config names (beyond the device kind ``--nproc-per-node`` counts)
-    are resolved afterwards, by :func:`launcher.plan.build_plan`.
+    variable. The plugins the settings name (beyond the device kind ``--nproc-per-node`` counts)
+    are resolved afterwards, when the plan is built (:meth:`CommandLine.plan`).
     """
     from launcher.flags import read_groups
     from launcher.options import flag_groups
 
     env = os.environ if environ is None else environ
     settings = read_groups(args, flag_groups(manager) if groups is None else groups, manager, env)
-    config = LaunchConfig.from_settings(
-        settings, log_line_prefix_template=env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-    )
-    workers = settings["workers"]
-    run_path = None if workers.run_path is None else (workers.run_path[0], list(workers.run_path[1]))
-    return CommandLine(config=config, command=list(workers.command), run_path=run_path,
-                       device_provider=workers.device_provider)
+    return CommandLine(settings=settings, prefix_template=env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))

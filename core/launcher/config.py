@@ -1,24 +1,30 @@
-"""The validated description of a launch: :class:`LaunchConfig`.
+"""The Python API's input: :class:`LaunchConfig`, torch's fields over the capabilities' settings objects.
 
-Each value is read and checked by the settings module of the capability whose flag it is (its
-flag group: :mod:`launcher.flags`); those readers are named here too, where they always were.
+The command line does not pass through here: its flag groups (:mod:`launcher.flags`) read each
+value once into their settings objects, and the plan is built from those
+(:func:`launcher.plan.plan_from_settings`). :class:`LaunchConfig` keeps
+``torch.distributed.launcher.api.LaunchConfig``'s flat fields for the Python API, checks them with
+the same readers the flag groups use (:meth:`LaunchConfig.validate`, named after the flags), and
+turns them into the same settings objects in one step (:meth:`LaunchConfig.to_settings`).
+:func:`launcher.plan.build_plan` does both, then builds the plan as the command line does.
 
-:class:`LaunchConfig` is both the Python API's input and what the CLI builds from its flags
-(:mod:`launcher.command_line`), so the two paths validate values the same way. This module checks
-values only; the plugins a config names are resolved, and the machine checked, when the launch
-plan is built (:func:`launcher.plan.build_plan`). Every problem is a
-:class:`~launcher.errors.UsageError` with one line that says what is wrong and what would be right.
+This module checks values only; the plugins a config names are resolved, and the machine
+checked, when the plan is built. Every problem is a :class:`~launcher.errors.UsageError` with one
+line that says what is wrong and what would be right. The readers of single values are named
+here too, where the Python API has always found them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from launcher.agent.settings import (
     DEFAULT_SHUTDOWN_TIMEOUT,
     MAX_MONITOR_INTERVAL,
+    PreloadSettings,
     WorkerSettings,
     check_role,
     check_start_method,
@@ -169,13 +175,74 @@ class LaunchConfig:
         self.preload = parse_preload(self.preload) if self.preload else ()
         self.events = EventSettings(tuple(self.event_log_handlers))
 
+    # device_provider is a launcher.plugins.types.DeviceProvider; not imported, even for type
+    # checkers: this module names no plugin machinery (tests/core/test_plan.py checks it).
+    def to_settings(self, device_provider: Any = None) -> dict[str, Any]:
+        """The settings objects these fields describe, by flag group name, as the flag groups give them.
+
+        The fields must have been checked (:meth:`validate`, which the constructor runs); nothing
+        is checked again. :attr:`settings` (a plugin's group, ``health``, ``metrics``...) comes
+        along; the groups these fields describe replace any object of the same name in it. What
+        only the command line has (the workers' command, ``--standalone``, ``--no-python``) is
+        left empty: the API passes its entrypoint to the plan itself. A LogsSpecs instance in
+        :attr:`logs_specs` is not a setting (the ``logs`` object names a plugin or none); the plan
+        takes it separately. ``device_provider`` is the provider that counted the workers, if any.
+        """
+        core: dict[str, Any] = {
+            "rendezvous": RendezvousSettings(
+                min_nodes=self.min_nodes,
+                max_nodes=self.max_nodes,
+                backend=self.rdzv_backend,
+                endpoint=self.rdzv_endpoint,
+                run_id=self.run_id,
+                # The backend receives text (RendezvousParameters), as the command line gives it.
+                configs=MappingProxyType({str(k): str(v) for k, v in self.rdzv_configs.items()}),
+                local_addr=self.local_addr,
+            ),
+            "workers": WorkerSettings(
+                nproc_per_node=self.nproc_per_node,
+                device_provider=device_provider,
+                command=(),
+                run_path=None,
+                no_python=False,
+                max_restarts=self.max_restarts,
+                monitor_interval=self.monitor_interval,
+                start_method=self.start_method,
+                role=self.role,
+                signals_to_handle=tuple(self.signals_to_handle),
+                shutdown_timeout=self.shutdown_timeout,
+                exit_barrier_timeout=self.exit_barrier_timeout,
+                virtual_local_rank=bool(self.virtual_local_rank),
+                worker_tty=self.worker_tty,
+                signal_numbers=tuple(self.signal_numbers),
+            ),
+            "events": self.events,
+            "logs": LogSettings(
+                log_dir=self.log_dir,
+                redirects=self.redirects,
+                tee=self.tee,
+                local_ranks_filter=None if self.local_ranks_filter is None else frozenset(self.local_ranks_filter),
+                duplicate_stdout_filters=tuple(self.duplicate_stdout_filters),
+                duplicate_stderr_filters=tuple(self.duplicate_stderr_filters),
+                logs_specs=self.logs_specs if isinstance(self.logs_specs, str) else None,
+            ),
+            "numa": self.numa,
+            "hangs": self.hangs,
+            "preload": PreloadSettings(tuple(self.preload)),
+        }
+        settings = dict(self.settings)
+        settings.update(core)  # in the settings' own order where they hold these groups already
+        return settings
+
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], *, log_line_prefix_template: str | None = None
                       ) -> LaunchConfig:
         """The config the command line's settings objects describe (:func:`launcher.flags.read_groups`).
 
         The core's groups give the fields; every group's object (a plugin's too) is kept in
-        :attr:`settings` under its name.
+        :attr:`settings` under its name. The command line itself does not take this way (it
+        builds its plan from the settings); it is for a caller that holds settings and wants the
+        API's config, and :meth:`to_settings` gives them back (tests check the two agree).
         """
         rdzv: RendezvousSettings = settings["rendezvous"]
         workers: WorkerSettings = settings["workers"]
@@ -219,4 +286,5 @@ class LaunchConfig:
 
     @property
     def signal_numbers(self) -> list[int]:
+        """:attr:`signals_to_handle` as signal numbers."""
         return signal_numbers(self.signals_to_handle)

@@ -3,7 +3,7 @@
 Each capability declares its flags in its own settings module (a :class:`~launcher.flags.FlagGroup`);
 :func:`core_groups` lists them, and a plugin's groups (its ``launcher_flag_groups`` hook) follow.
 The parser only reads text; each group's ``read`` turns it into a checked settings object
-(:func:`launcher.command_line.config_from_args`). Any error is a :class:`~launcher.errors.UsageError`:
+(:func:`launcher.command_line.read_command_line`). Any error is a :class:`~launcher.errors.UsageError`:
 one line, exit status 2, no traceback.
 """
 

@@ -2,18 +2,24 @@
 
 ::
 
-    LaunchConfig ─► build_plan() ─► LaunchPlan ─► Agent(plan).run()
-                     │
-                     ├─ every plugin the config names: rendezvous backend (and its --rdzv-conf),
+    command line ─► read_groups() ─► settings ─► plan_from_settings() ─► LaunchPlan ─► Agent(plan).run()
+    LaunchConfig ─► validate(), to_settings() ─┘        │
+                    (build_plan)                        │
+                     ├─ every plugin the settings name: rendezvous backend (and its --rdzv-conf),
                      │  LogsSpecs, event handlers, NUMA strategy
                      ├─ the machine: --log-dir writable, ulimit room for the workers
                      └─ decisions: the LogsSpecs object, the NUMA CPU plan, the workers' base
                         environment (OMP_NUM_THREADS), --virtual-local-rank's devices, hang settings
 
-:func:`build_plan` raises every problem it finds as a :class:`~launcher.errors.UsageError` (one
-line, exit status 2; NUMA's ``--numa-fallback error`` as a :class:`~launcher.errors.LaunchError`)
-before a store is served, a node contacted or a worker started. The CLI and the Python API both
-build the plan, so both print the same notices and reject the same input.
+:func:`plan_from_settings` (and :func:`build_plan`) raises every problem it finds as a
+:class:`~launcher.errors.UsageError` (one line, exit status 2; NUMA's ``--numa-fallback error``
+as a :class:`~launcher.errors.LaunchError`) before a store is served, a node contacted or a
+worker started. It reads every value from the flag groups' settings objects
+(``settings["rendezvous"]``, ``["workers"]``, ``["logs"]``...), each already checked by the group
+that made it, and checks again only what needs a plugin or the machine. The CLI and the Python
+API both build the plan this way (the API through :func:`build_plan`, which turns a
+:class:`~launcher.config.LaunchConfig` into those objects first), so both print the same notices
+and reject the same input.
 
 A plan holds no resources. What would be one is a factory the agent calls and then owns:
 :meth:`RendezvousPlan.create_handler` (creating a handler may connect to a store) and
@@ -36,14 +42,20 @@ from launcher.values import quote
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import Entrypoint
+    from launcher.agent.settings import WorkerSettings
     from launcher.config import LaunchConfig
+    from launcher.devices.settings import NumaSettings
     from launcher.events.bus import EventBus
     from launcher.events.model import SinkContext
+    from launcher.events.settings import EventSettings
+    from launcher.hangs.settings import HangSettings
     from launcher.health.plan import HealthPlan
+    from launcher.logs.settings import LogSettings
     from launcher.plugins.manager import LauncherPluginManager
     from launcher.plugins.types import DeviceProvider, EventHandler, LogsSpecsLike, RendezvousBackend
     from launcher.preemption.settings import PreemptionPlan
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
+    from launcher.rendezvous.settings import RendezvousSettings
 
 __all__ = [
     "EventsPlan",
@@ -54,6 +66,7 @@ __all__ = [
     "build_plan",
     "check_log_dir",
     "format_cpus",
+    "plan_from_settings",
     "resolve_plugins",
 ]
 
@@ -169,112 +182,147 @@ def build_plan(
     *,
     device_provider: DeviceProvider | None = None,
 ) -> LaunchPlan:
-    """The plan for ``config``: every plugin resolved, every value and the machine checked.
+    """The plan for the Python API's ``config``: its fields checked, then :func:`plan_from_settings`.
 
-    ``device_provider`` is the provider that counted ``--nproc-per-node`` (the CLI resolves it
-    while reading the flags). Raises :class:`UsageError` for any problem, before anything starts.
+    ``device_provider`` is the provider that counted ``nproc_per_node``, if any. Raises
+    :class:`UsageError` for any problem, before anything starts.
     """
     config.validate()  # a LaunchConfig may have been changed since it was built
-    backend, event_handlers = resolve_plugins(config, manager)
-    if config.log_dir:
-        check_log_dir(config.log_dir)
+    instance = None if isinstance(config.logs_specs, str) else config.logs_specs
+    return plan_from_settings(config.to_settings(device_provider), manager, entry,
+                              prefix_template=config.log_line_prefix_template,
+                              worker_env=config.worker_env, logs_specs=instance)
+
+
+def plan_from_settings(
+    settings: Mapping[str, Any],
+    manager: LauncherPluginManager,
+    entry: Entrypoint,
+    *,
+    prefix_template: str | None = None,
+    worker_env: Mapping[str, str] | None = None,
+    logs_specs: LogsSpecsLike | None = None,
+) -> LaunchPlan:
+    """The plan for the flag groups' settings objects (:func:`launcher.flags.read_groups`).
+
+    ``settings`` holds every group's object by name (the core's and the plugins'); what is not a
+    flag comes beside it: ``prefix_template`` (``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``),
+    ``worker_env`` (the API's extra environment) and ``logs_specs`` (a LogsSpecs instance that
+    replaces ``--logs-specs``). The values are not checked again (their groups did); every plugin
+    they name is resolved and the machine checked. Raises :class:`UsageError`, before anything starts.
+    """
+    rdzv: RendezvousSettings = settings["rendezvous"]
+    workers: WorkerSettings = settings["workers"]
+    logs: LogSettings = settings["logs"]
+    numa: NumaSettings = settings["numa"]
+    hangs: HangSettings = settings["hangs"]
+    backend, event_handlers = resolve_plugins(settings, manager)
+    if logs.log_dir:
+        check_log_dir(logs.log_dir)
     from launcher.limits import check_worker_limits
 
-    check_worker_limits(config.nproc_per_node)
+    check_worker_limits(workers.nproc_per_node)
 
-    from launcher.logs.select import create_logs_specs
-    from launcher.rendezvous.registry import rendezvous_parameters
+    from launcher.rendezvous.registry import parameters_for
 
-    logs_specs = create_logs_specs(config, manager)
-    cpus = _plan_cpus(config, device_provider, manager)
-    base_env = _base_env(config)
+    if logs_specs is None:
+        from launcher.logs.select import create_logs_specs
+
+        logs_specs = create_logs_specs(logs, manager)
+    provider = workers.device_provider
+    cpus = _plan_cpus(numa, workers.nproc_per_node, provider, manager)
+    base_env = _base_env(workers.nproc_per_node)
     node = socket.gethostname()
     preemption = None
-    preemption_settings = config.settings.get("preemption")  # --preemption-*, --requeue
+    preemption_settings = settings.get("preemption")  # --preemption-*, --requeue
     if preemption_settings is not None and preemption_settings.enabled:
         from launcher.preemption.settings import plan_for
 
-        preemption = plan_for(preemption_settings, config.shutdown_timeout)
+        preemption = plan_for(preemption_settings, workers.shutdown_timeout)
+    frozen = MappingProxyType(dict(settings))
+    preload = tuple(settings["preload"].modules)
     return LaunchPlan(
-        run_id=config.run_id,
-        role=config.role,
+        run_id=rdzv.run_id,
+        role=workers.role,
         node=node,
         entry=entry,
-        nproc_per_node=config.nproc_per_node,
-        max_restarts=config.max_restarts,
-        monitor_interval=config.monitor_interval,
-        shutdown_timeout=config.shutdown_timeout,
-        exit_barrier_timeout=config.exit_barrier_timeout,
-        local_addr=config.local_addr,
+        nproc_per_node=workers.nproc_per_node,
+        max_restarts=workers.max_restarts,
+        monitor_interval=workers.monitor_interval,
+        shutdown_timeout=workers.shutdown_timeout,
+        exit_barrier_timeout=workers.exit_barrier_timeout,
+        local_addr=rdzv.local_addr,
         # The preemption signals are caught too, whether or not --signals-to-handle names them.
-        signals=tuple(dict.fromkeys([*config.signal_numbers, *(preemption.signals if preemption else ())])),
-        signal_names=tuple(s.strip() for s in config.signals_to_handle),
-        rendezvous=RendezvousPlan(backend, rendezvous_parameters(config)),
+        signals=tuple(dict.fromkeys([*workers.signal_numbers, *(preemption.signals if preemption else ())])),
+        signal_names=tuple(s.strip() for s in workers.signals_to_handle),
+        rendezvous=RendezvousPlan(backend, parameters_for(rdzv)),
         workers=WorkerPlan(
-            start_method=config.start_method,
-            worker_tty=config.worker_tty,
-            prefix_template=config.log_line_prefix_template,
-            stdout_filters=tuple(config.duplicate_stdout_filters),
-            stderr_filters=tuple(config.duplicate_stderr_filters),
+            start_method=workers.start_method,
+            worker_tty=workers.worker_tty,
+            prefix_template=prefix_template,
+            stdout_filters=tuple(logs.duplicate_stdout_filters),
+            stderr_filters=tuple(logs.duplicate_stderr_filters),
             base_env=MappingProxyType(base_env),
-            extra_env=MappingProxyType(dict(config.worker_env)),
-            device_env=_device_env(config, device_provider, base_env),
+            extra_env=MappingProxyType(dict(worker_env or {})),
+            device_env=_device_env(workers, base_env),
             cpus=cpus,
-            preload=tuple(config.preload),
+            preload=preload,
         ),
         logs_specs=logs_specs,
-        log_dir=config.log_dir,
-        events=_events_plan(config, manager, node, event_handlers),
-        hangs=HangPlan(config.hangs.timeout, config.hangs.watch_output) if config.hangs.timeout else None,
-        device_provider=device_provider,
-        settings=MappingProxyType(dict(config.settings)),
-        health=_health_plan(config, manager, entry, base_env, node, device_provider),
-        metrics_port=_metrics_port(config),
+        log_dir=logs.log_dir,
+        events=_events_plan(settings["events"], rdzv.run_id, workers.role, frozen, manager, node, event_handlers),
+        hangs=HangPlan(hangs.timeout, hangs.watch_output) if hangs.timeout else None,
+        device_provider=provider,
+        settings=frozen,
+        health=_health_plan(settings, manager, entry, base_env, node, logs.log_dir, preload, workers),
+        metrics_port=_metrics_port(settings),
         preemption=preemption,
     )
 
 
-def _metrics_port(config: LaunchConfig) -> int | None:
+def _metrics_port(settings: Mapping[str, Any]) -> int | None:
     """``settings["metrics"]`` (``--metrics-port``, or the API's
     :func:`~launcher.status.settings.metrics_settings`): the port, ``None`` when off."""
-    metrics = config.settings.get("metrics")
+    metrics = settings.get("metrics")
     return metrics.port if metrics is not None else None
 
 
-def _health_plan(config: LaunchConfig, manager: LauncherPluginManager, entry: Entrypoint, base_env: Mapping[str, str],
-                 node: str, device_provider: DeviceProvider | None) -> HealthPlan | None:
+def _health_plan(settings: Mapping[str, Any], manager: LauncherPluginManager, entry: Entrypoint,
+                 base_env: Mapping[str, str], node: str, log_dir: str | None, preload: tuple[str, ...],
+                 workers: WorkerSettings) -> HealthPlan | None:
     """The checks before each round: ``settings["health"]`` (the flags, or the API's
     :func:`~launcher.health.settings.health_settings`), else the default checks."""
     from launcher.health.plan import build_health_plan
     from launcher.health.settings import HealthSettings
 
-    settings = config.settings.get("health") or HealthSettings()
-    return build_health_plan(settings, manager, node=node, entry=entry, env=base_env,
-                             log_dir=config.log_dir, preload=tuple(config.preload),
-                             nproc_per_node=config.nproc_per_node, device_provider=device_provider)
+    health = settings.get("health") or HealthSettings()
+    return build_health_plan(health, manager, node=node, entry=entry, env=base_env,
+                             log_dir=log_dir, preload=preload,
+                             nproc_per_node=workers.nproc_per_node, device_provider=workers.device_provider)
 
 
 def resolve_plugins(
-    config: LaunchConfig, manager: LauncherPluginManager
+    settings: Mapping[str, Any], manager: LauncherPluginManager
 ) -> tuple[RendezvousBackend, tuple[EventHandler, ...]]:
-    """Every plugin the config names exists (and the rendezvous backend accepts its settings).
+    """Every plugin the settings name exists (and the rendezvous backend accepts its settings).
 
     Returns the rendezvous backend and the event handlers (each once, aliases collapsed); the
     LogsSpecs and the NUMA strategy are only checked here, and built by their own steps.
     """
-    from launcher.plugins.types import EventHandler, LogsSpecsProvider, NumaStrategy, RendezvousBackend
-    from launcher.rendezvous.registry import check_rendezvous_config
+    from launcher.plugins.types import EventHandler, LogsSpecsProvider, NumaStrategy
+    from launcher.rendezvous.registry import check_rendezvous_settings
 
-    check_rendezvous_config(config, manager)
-    backend = manager.get(RendezvousBackend, config.rdzv_backend)
-    if isinstance(config.logs_specs, str):
-        manager.get(LogsSpecsProvider, config.logs_specs)
+    backend = check_rendezvous_settings(settings["rendezvous"], manager)
+    logs_specs = settings["logs"].logs_specs
+    if isinstance(logs_specs, str):
+        manager.get(LogsSpecsProvider, logs_specs)
     handlers: dict[str, EventHandler] = {}
-    for name in config.events.handlers:
+    for name in settings["events"].handlers:
         handler = manager.get(EventHandler, name)
         handlers.setdefault(handler.name, handler)
-    if config.numa.binding:
-        manager.get(NumaStrategy, config.numa.binding)
+    binding = settings["numa"].binding
+    if binding:
+        manager.get(NumaStrategy, binding)
     return backend, tuple(handlers.values())
 
 
@@ -297,28 +345,28 @@ def check_log_dir(path: str) -> None:
         raise UsageError(f"--log-dir {quote(path)} cannot be created or written: {reason}") from None
 
 
-def _events_plan(config: LaunchConfig, manager: LauncherPluginManager, node: str,
-                 handlers: tuple[EventHandler, ...]) -> EventsPlan:
+def _events_plan(events: EventSettings, run_id: str, role: str, settings: Mapping[str, Any],
+                 manager: LauncherPluginManager, node: str, handlers: tuple[EventHandler, ...]) -> EventsPlan:
     from launcher.events.bus import create_event_bus
     from launcher.events.model import SinkContext
 
-    context = SinkContext(run_id=config.run_id, node=node, role=config.role,
-                          settings=MappingProxyType(dict(config.settings)))
-    names = config.events.handlers
+    context = SinkContext(run_id=run_id, node=node, role=role, settings=settings)
+    names = events.handlers
     return EventsPlan(handlers, context, functools.partial(create_event_bus, names, manager, context))
 
 
-def _plan_cpus(config: LaunchConfig, provider: DeviceProvider | None, manager: LauncherPluginManager) -> CpuPlan:
-    if not config.numa.binding:
+def _plan_cpus(numa: NumaSettings, nproc: int, provider: DeviceProvider | None,
+               manager: LauncherPluginManager) -> CpuPlan:
+    if not numa.binding:
         return None
     from launcher.numa import plan_affinity
 
     plan = plan_affinity(
-        config.numa.binding,
-        config.nproc_per_node,
+        numa.binding,
+        nproc,
         provider,
         manager,
-        on_failure="error" if config.numa.fallback == "error" else "warn",
+        on_failure="error" if numa.fallback == "error" else "warn",
     )
     if plan is None:
         return None
@@ -327,30 +375,28 @@ def _plan_cpus(config: LaunchConfig, provider: DeviceProvider | None, manager: L
     return tuple(plan)
 
 
-def _base_env(config: LaunchConfig) -> dict[str, str]:
+def _base_env(nproc: int) -> dict[str, str]:
     """This process's environment, with ``OMP_NUM_THREADS=1`` when several workers would share the CPUs."""
     env = dict(os.environ)
-    if "OMP_NUM_THREADS" not in env and config.nproc_per_node > 1:
+    if "OMP_NUM_THREADS" not in env and nproc > 1:
         log.warning(
             "setting OMP_NUM_THREADS=1 for each worker so %d workers do not oversubscribe the CPUs; "
             "set OMP_NUM_THREADS to tune it",
-            config.nproc_per_node,
+            nproc,
         )
         env["OMP_NUM_THREADS"] = "1"
     return env
 
 
-def _device_env(
-    config: LaunchConfig, provider: DeviceProvider | None, base_env: Mapping[str, str]
-) -> tuple[Mapping[str, str], ...]:
+def _device_env(workers: WorkerSettings, base_env: Mapping[str, str]) -> tuple[Mapping[str, str], ...]:
     """``--virtual-local-rank``: each local rank's one device (a rank without one is a UsageError)."""
-    if not config.virtual_local_rank:
-        return tuple(MappingProxyType({}) for _ in range(config.nproc_per_node))
+    if not workers.virtual_local_rank:
+        return tuple(MappingProxyType({}) for _ in range(workers.nproc_per_node))
     from launcher.devices import virtual_local_rank_env
 
     return tuple(
-        MappingProxyType(virtual_local_rank_env(provider, local_rank, base_env))
-        for local_rank in range(config.nproc_per_node)
+        MappingProxyType(virtual_local_rank_env(workers.device_provider, local_rank, base_env))
+        for local_rank in range(workers.nproc_per_node)
     )
 
 

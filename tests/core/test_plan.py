@@ -274,7 +274,7 @@ def test_no_import_circle_in_the_core():
 
 def test_the_command_lines_settings_objects_reach_the_plan_and_the_sinks(plugin_manager, tmp_path):
     """Each group's object, a plugin's included, is one the plan and an event sink can read."""
-    from launcher.command_line import config_from_args
+    from launcher.command_line import read_command_line
     from launcher.flags import Flag, FlagGroup
     from launcher.options import core_groups, parse_args
 
@@ -284,12 +284,14 @@ def test_the_command_lines_settings_objects_reach_the_plan_and_the_sinks(plugin_
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     args = parse_args(["--standalone", "--hang-timeout", "30", "--acme-level", "7", str(script)], groups)
-    config = config_from_args(args, plugin_manager, groups=groups).config
-    assert config.settings["acme"] == 7 and config.hangs.timeout == 30.0 and config.hangs.watch == "heartbeat"
-    assert config.settings["workers"].command[-1] == str(script)
-    plan = build_plan(config, plugin_manager, ENTRY)
-    assert plan.settings["acme"] == 7 and plan.events.context.settings["acme"] == 7
-    assert plan.hangs is not None and plan.hangs.timeout == 30.0
+    command_line = read_command_line(args, plugin_manager, groups=groups)
+    settings = command_line.settings
+    assert settings["acme"] == 7 and settings["hangs"].timeout == 30.0 and settings["hangs"].watch == "heartbeat"
+    assert settings["workers"].command[-1] == str(script)
+    api_config = LaunchConfig.from_settings(settings)
+    for plan in (command_line.plan(plugin_manager), build_plan(api_config, plugin_manager, ENTRY)):
+        assert plan.settings["acme"] == 7 and plan.events.context.settings["acme"] == 7
+        assert plan.hangs is not None and plan.hangs.timeout == 30.0
     # The Python API passes a plugin's settings the same way.
     api = build_plan(LaunchConfig(settings={"acme": 1}), plugin_manager, ENTRY)
     assert api.events.context.settings["acme"] == 1 and api.hangs is None

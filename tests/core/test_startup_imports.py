@@ -56,6 +56,8 @@ OFF_THE_START_PATH = (
     # backend is chosen, nodecheck's checks when a site configures them, the webhook flags'
     # reader when one of them is used.
     "launcher_etcd.settings", "launcher_nodecheck.checks", "launcher_webhook.settings",
+    # The Python API's input: the command line builds its plan from the flag groups' settings.
+    "launcher.config",
 )
 
 #: Plugin distributions installed for the plain launch below (their source directories and an

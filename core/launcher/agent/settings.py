@@ -76,6 +76,8 @@ class WorkerSettings(NamedTuple):
     exit_barrier_timeout: float
     virtual_local_rank: bool
     worker_tty: str
+    #: ``signals_to_handle`` as numbers, read with the names (the plan needs no second reading).
+    signal_numbers: tuple[int, ...]
 
 
 def check_start_method(value: Any) -> str:
@@ -201,7 +203,7 @@ def read_workers(values: FlagValues) -> WorkerSettings:
         shutdown_timeout = values.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT)
         shutdown_name = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
     signals = tuple(values["signals_to_handle"].split(","))
-    signal_numbers(signals)
+    numbers = tuple(signal_numbers(signals))
     return WorkerSettings(
         nproc_per_node=nproc,
         device_provider=provider,
@@ -218,6 +220,7 @@ def read_workers(values: FlagValues) -> WorkerSettings:
         exit_barrier_timeout=parse_seconds(values["exit_barrier_timeout"], values.source("exit_barrier_timeout")),
         virtual_local_rank=bool(values["virtual_local_rank"]),
         worker_tty=check_worker_tty(values["worker_tty"].strip().lower()),
+        signal_numbers=numbers,
     )
 
 

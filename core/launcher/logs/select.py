@@ -14,7 +14,7 @@ from launcher.errors import UsageError
 from launcher.plugins.types import LogsSpecsLike, LogsSpecsProvider
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.config import LaunchConfig
+    from launcher.logs.settings import LogSettings
     from launcher.plugins.manager import LauncherPluginManager
 
 
@@ -41,28 +41,32 @@ def _accepted(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in kwargs.items() if key in params}
 
 
-def create_logs_specs(config: LaunchConfig, manager: LauncherPluginManager) -> LogsSpecsLike:
-    """The LogsSpecs instance for ``config``: given, named (``--logs-specs``), or the default.
+def create_logs_specs(logs: LogSettings, manager: LauncherPluginManager) -> LogsSpecsLike:
+    """The LogsSpecs instance the log settings name (``--logs-specs``), or the default.
+
+    ``logs`` is the ``logs`` flag group's object (or anything with its fields); an instance in
+    ``logs.logs_specs`` (what a test may pass) is returned as it is.
 
     A class derived from torch's LogsSpecs receives torch's ``Std`` values for ``redirects`` and
     ``tee``, as under torchrun; any other class receives the plain bitmasks. Only the keyword
     arguments the class accepts are passed. A class that rejects its settings raises
     :class:`~launcher.errors.UsageError`.
     """
-    if config.logs_specs is not None and not isinstance(config.logs_specs, str):
-        return config.logs_specs
-    name = config.logs_specs or "default"
+    if logs.logs_specs is not None and not isinstance(logs.logs_specs, str):
+        return logs.logs_specs
+    name = logs.logs_specs or "default"
     reg = manager.get(LogsSpecsProvider, name)
     cls = reg.load_class()
-    redirects, tee = config.redirects, config.tee
+    redirects, tee = logs.redirects, logs.tee
     if _is_torch_class(cls):
         # A LogsSpecs written for torchrun expects torch's Std enum values.
         redirects, tee = _torch_std(redirects), _torch_std(tee)
     kwargs: dict[str, Any] = {
-        "log_dir": config.log_dir,
+        "log_dir": logs.log_dir,
         "redirects": redirects,
         "tee": tee,
-        "local_ranks_filter": config.local_ranks_filter,
+        # torchrun's LogsSpecs take a set; the settings hold a frozenset.
+        "local_ranks_filter": None if logs.local_ranks_filter is None else set(logs.local_ranks_filter),
     }
     try:
         return cls(**_accepted(cls, kwargs))

@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from launcher.config import STD_ALL, STD_ERR, STD_NONE, STD_OUT, StdSpec
+from launcher.logs.settings import STD_ALL, STD_ERR, STD_NONE, STD_OUT, StdSpec
 from launcher.private_dirs import make_private_dir
 
 log = logging.getLogger("launcher.logs")
