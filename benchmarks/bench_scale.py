@@ -193,9 +193,10 @@ def measure(kind: str, n: int, procs: int, limit: float) -> dict[str, Any]:
     """One round of ``n`` nodes on a ``kind`` store host; everything is killed (and reported)
     past ``limit`` seconds."""
     host, port = start_host(kind, n)
-    # torch's server and the crowd disagree after a cancelled wait (the crowd then waits for a
-    # key that exists): against it the nodes wait in one piece, as torch's own clients do.
-    children = _crowds(port, n, procs, None if kind == "ours" else limit)
+    # Both hosts get the same requests: waits in the rendezvous's own slices (a slice that ends
+    # costs a CANCEL_WAIT and a new WAIT; torch's server answers those as launcher's does, see
+    # docs/rendezvous.md and tests/rendezvous/test_crowd.py).
+    children = _crowds(port, n, procs, None)
     result: dict[str, Any] = {"host": kind, "nodes": n, "processes": procs}
     guard = threading.Timer(limit, lambda: [c.kill() for c in children if c.poll() is None])
     try:

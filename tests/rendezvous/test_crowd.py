@@ -17,7 +17,7 @@ from launcher.rendezvous.dynamic import DynamicRendezvousHandler
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.store.client import TCPStoreClient
 from launcher.store.server import StoreServer
-from launcher.testing.crowd import Crowd
+from launcher.testing.crowd import Crowd, CrowdClient
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -92,3 +92,72 @@ def test_a_crowd_and_real_nodes_form_one_round(monkeypatch: pytest.MonkeyPatch, 
         finally:
             for handler in handlers:
                 handler.shutdown()
+
+
+# -- torch's TCPStore (libuv) as the store's host: what benchmarks/bench_scale.py compares against --
+
+
+def _torch_host() -> tuple[object, int]:
+    dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
+    return store, int(store.port)
+
+
+@pytest.mark.parametrize("host", ["torch", "launcher"])
+def test_a_cancel_that_crosses_the_wakeup_leaves_the_connection_in_step(host: str) -> None:
+    # A slice that ends as the key arrives: the server has sent STOP_WAITING before it reads the
+    # CANCEL_WAIT, and answers that with WAIT_CANCELED too (torch: parse_cancel_wait_command in
+    # TCPStoreLibUvBackend.cpp always replies). With the key set beforehand and a slice of 0 s,
+    # that order is certain: the crowd's client must read both bytes and stay in step.
+    server: object
+    if host == "torch":
+        server, port = _torch_host()
+    else:
+        server = StoreServer("127.0.0.1", 0).start()
+        port = server.port  # type: ignore[attr-defined]
+    try:
+        with TCPStoreClient("127.0.0.1", port, timeout=30) as other:
+            other.set("k", b"v")
+
+        async def check() -> None:
+            client = CrowdClient(wait_slice=0.0)
+            await client.connect("127.0.0.1", port)
+            try:
+                for _ in range(20):
+                    assert await client.wait(["k"], 0.0)
+                    assert await client.get("k") == b"v"  # the next reply is the GET's own
+                assert not await client.wait(["missing"], 0.0)  # a real cancel: WAIT_CANCELED alone
+                assert await client.add("n", 2) == 2
+            finally:
+                client.close()
+
+        asyncio.run(asyncio.wait_for(check(), 60))  # out of step, a read would wait for ever
+    finally:
+        if host == "launcher":
+            server.close()  # type: ignore[attr-defined]
+        del server
+
+
+def test_a_crowd_forms_a_round_on_torchs_tcpstore() -> None:
+    # Slices of 5 ms: nearly every wait ends in a cancel, many of them crossing the wakeup.
+    store, port = _torch_host()
+    n = 256
+    crowd = Crowd("127.0.0.1", port, "crowd-torch", nodes=n, first=0, count=n, wait_slice=0.005)
+
+    async def simulate() -> None:
+        try:
+            await crowd.connect()
+            await asyncio.wait_for(crowd.join(), 240)
+        finally:
+            crowd.close()
+
+    try:
+        asyncio.run(simulate())
+        assert sorted(crowd.ranks) == list(range(n))
+        with TCPStoreClient("127.0.0.1", port, timeout=30) as client:
+            assert client.check([RendezvousKeys("crowd-torch").master(0)])
+    finally:
+        del store
