@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.agent.attempt import start_attempt
 from launcher.agent.environment import worker_environment
 from launcher.agent.group import Entrypoint, WorkerGroup, WorkerSlot
-from launcher.agent.reporting import NodeReporter, store_gone
+from launcher.agent.reporting import NodeReporter
 from launcher.agent.restart import RestartTally, announce_restart, restarts_note, stop_failed
 from launcher.agent.result import AgentResult, WatchOutcome
 from launcher.agent.signals import SignalForwarder, SignalReceived, exit_now, signal_message
@@ -205,7 +205,7 @@ class Agent:
                 if isinstance(exc, (StoreError, RendezvousStoreError)) and report.store_note is None:
                     # A store that refuses or cut this node off is not written to on the way out
                     # (each write would wait out a connect timeout); a passing hiccup is.
-                    report.store_note = store_gone(self._handler_used) if self._handler_used is not None else None
+                    report.note_store_gone(self._handler_used)
                 if report.last_ranks and report.group_rank is not None:
                     report.log_ranks(report.last_ranks)
                 result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")

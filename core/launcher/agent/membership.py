@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launcher.agent.finished import FinishedNode, claim_reform, finished_nodes, no_reform_note, withdraw_claim
-from launcher.agent.reporting import store_gone
 from launcher.agent.result import WatchOutcome
 from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
 from launcher.store.api import StoreError
@@ -54,9 +53,7 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
         waiting = handler.num_nodes_waiting()
         lost = handler.lost_nodes()
     except (StoreError, RendezvousError, OSError) as exc:
-        note = store_gone(handler)
-        if note is not None:
-            reporter.store_note = note
+        if reporter.note_store_gone(handler):
             return WatchOutcome.STORE_GONE
         log.warning("cannot reach the rendezvous store: %s", exc)
         return None

@@ -144,6 +144,14 @@ class NodeReporter:
         """``host (node 1, 10.0.0.2)``: this node as reports name it (multi-node)."""
         return f"{self.node} (node {self.group_rank}{', ' + self.node_addr if self.node_addr else ''})"
 
+    def note_store_gone(self, handler: RendezvousHandler | None) -> bool:
+        """After a store call failed: whether the store is gone (a fresh connect fails); if so, the
+        line saying so becomes :attr:`store_note` (nothing more is written to it)."""
+        note = store_gone(handler) if handler is not None else None
+        if note is not None:
+            self.store_note = note
+        return note is not None
+
     def _lost_store(self, handler: RendezvousHandler, exc: BaseException) -> None:
         self.store_note = store_gone(handler) or f"cannot reach the rendezvous store: {exc}"
 

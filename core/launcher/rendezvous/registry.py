@@ -105,5 +105,4 @@ def handler_for(
 
 def create_rendezvous_handler(config: LaunchConfig, manager: LauncherPluginManager) -> RendezvousHandler:
     """The handler of the configured backend; a store-only backend gets the core's algorithm."""
-    rdzv = config.to_settings()["rendezvous"]
-    return handler_for(_backend(rdzv.backend, manager), parameters_for(rdzv))
+    return handler_for(_backend(config.rdzv_backend, manager), rendezvous_parameters(config))
