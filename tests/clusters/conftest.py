@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,16 +30,28 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
 
 @pytest.fixture(scope="session")
-def rsh_agent(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A stand-in for ssh that drops the host and runs the command here: hosts node1 and node2."""
+def rsh_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A stand-in for ssh that drops the host and runs the command here: hosts node1 and node2.
+
+    Each daemon it starts gets a session directory of its own (Open MPI's ``orte_tmpdir_base``):
+    on one real host they would share ``/tmp/ompi.<host>.<uid>/jf.<family>``, and two daemons
+    creating it at the same moment, or a directory an earlier killed job left under the same
+    family number, fail the start ("mkdir ... File exists"). Short: PMIx puts sockets there.
+    """
+    sessions = tempfile.mkdtemp(prefix="rsh", dir="/tmp")
     path = tmp_path_factory.mktemp("rsh") / "rsh.sh"
     path.write_text(
         "#!/bin/sh\n# Drop ssh's options and the host name, run the rest on this host.\n"
-        'while [ "$#" -gt 0 ]; do case "$1" in -*) shift;; *) shift; break;; esac; done\n'
+        'while [ "$#" -gt 0 ]; do case "$1" in -*) shift;; *) host=$1; shift; break;; esac; done\n'
+        f'OMPI_MCA_orte_tmpdir_base={sessions}/$host.$$; export OMPI_MCA_orte_tmpdir_base\n'
+        'mkdir -p "$OMPI_MCA_orte_tmpdir_base"\n'
         'exec sh -c "$*"\n'
     )
     path.chmod(0o755)
-    return str(path)
+    try:
+        yield str(path)
+    finally:
+        shutil.rmtree(sessions, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -630,6 +630,21 @@ def test_api_never_moves_the_callers_process_nor_kills_its_children(write_script
         _kill_marked(marker)
 
 
+def test_an_api_command_worker_is_in_the_jobs_cgroup_before_its_first_instruction(tmp_path):
+    """The Python API's command workers move themselves into the job's cgroup before their exec:
+    what a worker does first (here: read its cgroup, or fork a child) is already inside."""
+    from launcher import LaunchConfig, launch
+
+    if not CGROUP:
+        pytest.skip("no writable cgroup: the API's workers are contained by token and session only")
+    out = tmp_path / "out"
+    out.mkdir()
+    launch(LaunchConfig(nproc_per_node=2), "/bin/sh")("-c", f'cat /proc/$$/cgroup > {out}/"$LOCAL_RANK"')
+    cgroups = [next(line[3:] for line in (out / n).read_text().splitlines() if line.startswith("0::"))
+               for n in sorted(os.listdir(out))]
+    assert len(cgroups) == 2 and None not in {_job_cgroup(c) for c in cgroups}, cgroups
+
+
 # -- pieces -----------------------------------------------------------------------------------------
 
 

@@ -70,3 +70,33 @@ def test_run_process_output_and_limit():
     started = time.monotonic()
     result = run_process(["sh", "-c", "sleep 60"], 0.3)
     assert result.returncode is None and time.monotonic() - started < 20
+
+
+def test_a_process_started_after_the_agent_gave_up_on_its_check_is_killed():
+    """kill_check_processes() can come before a check's process exists (the agent ends while the
+    check is still getting ready, or while Popen is still returning): that process is killed too."""
+    from launcher.health.runner import kill_check_processes, start_checks
+
+    go, answers = threading.Event(), []
+
+    def late(context):
+        assert go.wait(30)
+        answers.append(run_process(["sh", "-c", "sleep 600"], 60))
+        return healthy()
+
+    running = start_checks([HealthCheck(name="late", check=late, time_limit=60.0)], CONTEXT)
+    kill_check_processes()  # the agent ends first
+    go.set()
+    (outcome,) = running.outcomes()
+    assert outcome.result.status == "healthy" and answers[0].returncode == -9, answers
+
+
+def test_a_check_started_after_a_kill_is_not_touched_by_it():
+    from launcher.health.runner import kill_check_processes
+
+    kill_check_processes()  # an earlier agent in this process ended
+    result = run_process(["sh", "-c", "exit 5"], 10)
+    assert result.returncode == 5
+    (outcome,) = run_checks([HealthCheck(name="next", check=lambda c: sick(str(run_process(
+        ["sh", "-c", "exit 6"], 10).returncode)), time_limit=20.0)], CONTEXT)
+    assert outcome.result.reason == "6"

@@ -124,6 +124,8 @@ class Agent:
             if preemption is not None:  # nor the grace
                 preemption.hurry()
         elif not first and self._own_process:  # not a program that embeds the agent (launcher.api)
+            if preemption is not None and preemption.holds_exit(signum):
+                return  # the requeue's outcome is said first
             exit_now(signum)  # nothing left to stop gracefully
         elif preemption is not None:
             preemption.hurry()
@@ -354,6 +356,8 @@ class Agent:
                 return self._forward_signal(info, handler, group)
             if outcome is WatchOutcome.PREEMPTED and self._preemption is not None:
                 result = self._preemption.finish(group, plan.shutdown_timeout)
+                if self._preemption.exit_after is not None:  # came during the requeue, which is said now
+                    exit_now(self._preemption.exit_after)
                 self._close_group(group)
                 return result
             if outcome is WatchOutcome.SUCCEEDED:

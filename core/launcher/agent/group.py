@@ -224,7 +224,8 @@ class WorkerGroup:
                     rank, argv, env, out_w, err_w, worker_cpus, parent_death_signal=not guarded)
                 if slot.process is None:
                     slot.process = start_command(rank, argv, env, out_w, err_w, worker_cpus,
-                                                 parent_death_signal=not guarded)
+                                                 parent_death_signal=not guarded,
+                                                 cgroup=self._containment.worker_cgroup)
             else:
                 assert entry.function is not None
                 slot.process = start_function(
@@ -239,7 +240,7 @@ class WorkerGroup:
             raise
         os.close(out_w)
         os.close(err_w)
-        if entry.command is not None:  # the Python API's (a no-op otherwise; functions move themselves)
+        if entry.command is not None:  # the Python API's, if it could not move itself (a no-op otherwise)
             self._containment.adopt(slot.process.pid)
         slot.streams = [self._pump.add(out_r, out_route), self._pump.add(err_r, err_route)]
         slot.stderr_stream = slot.streams[1]

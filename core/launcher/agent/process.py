@@ -149,36 +149,51 @@ def start_command(
     cpus: frozenset[int] | None = None,
     cwd: str | None = None,
     parent_death_signal: bool = True,
+    cgroup: str | None = None,
 ) -> CommandWorker:
     """Start ``argv`` as a worker writing to the given pipe ends.
 
     ``parent_death_signal`` kills the worker itself when the agent dies; leave it off when a
     watchdog guards the worker, which kills its whole tree instead (the signal would kill the
     worker first and orphan its children before the watchdog could find them).
+    ``cgroup``: a cgroup directory the worker moves itself into before it runs anything (the
+    Python API's workers; the command line's are born in the agent's). Moved from outside after
+    the start, a busy worker could fork before the move and leave that child outside.
     """
     agent_pid = os.getpid()
     if parent_death_signal:
         _prctl()  # resolve libc before forking: the child should only make the call
+    procs = -1
+    if cgroup is not None:
+        with contextlib.suppress(OSError):  # then the caller moves it once started (and says why not)
+            procs = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
 
     def before_exec() -> None:
         # Runs in the child between fork and exec; keep it to system calls.
+        if procs >= 0:
+            with contextlib.suppress(OSError):
+                os.write(procs, b"0")
         if parent_death_signal:
             die_with_parent(agent_pid)
         if cpus:
             os.sched_setaffinity(0, cpus)
 
-    popen = subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=stdout_fd,
-        stderr=stderr_fd,
-        start_new_session=True,
-        # Without a pre-exec function the child can be started with vfork, which is faster.
-        preexec_fn=before_exec if (parent_death_signal or cpus) else None,
-        close_fds=True,
-        cwd=cwd,
-    )
+    try:
+        popen = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout_fd,
+            stderr=stderr_fd,
+            start_new_session=True,
+            # Without a pre-exec function the child can be started with vfork, which is faster.
+            preexec_fn=before_exec if (parent_death_signal or cpus or procs >= 0) else None,
+            close_fds=True,
+            cwd=cwd,
+        )
+    finally:
+        if procs >= 0:
+            os.close(procs)
     return CommandWorker(local_rank, popen, time.time())
 
 

@@ -250,13 +250,15 @@ class Containment:
 
     @property
     def worker_cgroup(self) -> str | None:
-        """Where a function worker moves itself first thing (the Python API's workers)."""
+        """Where a Python API's worker moves itself first thing (a function), or before its exec (a command)."""
         return self.leaf if self.mode == "cgroup" and not self.own_process else None
 
     def adopt(self, pid: int) -> None:
-        """Move a worker just started into the job's cgroup (the Python API; the command line's
-        workers are born there)."""
+        """Move a worker just started into the job's cgroup, unless it moved itself there before
+        its exec (the Python API; the command line's workers are born there)."""
         if self.mode != "cgroup" or self.own_process or self.leaf is None:
+            return
+        if current_cgroup_directory(pid) == self.leaf:
             return
         try:
             move_to_cgroup(self.leaf, pid)

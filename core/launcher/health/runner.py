@@ -53,13 +53,15 @@ class RunningChecks:
         self._started = time.monotonic()
         self._results: dict[int, CheckOutcome] = {}
         self._threads: list[threading.Thread] = []
+        closes = _CLOSES[0]  # a kill_check_processes() from now on is meant for these checks' processes
         for index, check in enumerate(self._checks):
-            thread = threading.Thread(target=self._one, args=(index, check, context), name=f"health-{check.name}",
-                                      daemon=True)
+            thread = threading.Thread(target=self._one, args=(index, check, context, closes),
+                                      name=f"health-{check.name}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _one(self, index: int, check: HealthCheck, context: CheckContext) -> None:
+    def _one(self, index: int, check: HealthCheck, context: CheckContext, closes: int) -> None:
+        _STARTED.closes = closes
         begun = time.monotonic()
         ctx = _with_limit(context, check.time_limit)
         try:
@@ -129,11 +131,17 @@ def run_process(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
         from launcher.containment.watchdog import job_env
 
         full_env = job_env(full_env, JOB_TOKEN[-1])
+    closes = getattr(_STARTED, "closes", _CLOSES[0])
     process = subprocess.Popen(
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=full_env, start_new_session=True,
     )
-    _RUNNING.add(process.pid)
+    with _RUNNING_LOCK:
+        _RUNNING.add(process.pid)
+        # kill_check_processes() ran while this process was being started (it can run before
+        # Popen returns, and the process may already be doing its work): it is one of those.
+        if _CLOSES[0] != closes:
+            _kill_group(process.pid)
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -146,7 +154,8 @@ def run_process(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
         if process.returncode is None:  # an exception (KeyboardInterrupt) while waiting
             _kill_group(process.pid)
             process.wait()
-        _RUNNING.discard(process.pid)
+        with _RUNNING_LOCK:
+            _RUNNING.discard(process.pid)
     # A child that outlived its parent (daemonised into the group) is no check's business to keep.
     _kill_group(process.pid)
     return ProcessResult(process.returncode, out.decode(errors="replace"))
@@ -154,12 +163,21 @@ def run_process(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
 
 #: The process groups of the processes checks are running now (:func:`kill_check_processes`).
 _RUNNING: set[int] = set()
+_RUNNING_LOCK = threading.Lock()
+#: How many times :func:`kill_check_processes` ran: a check's process started after one that came
+#: since its check was started (:class:`RunningChecks`), or since :func:`run_process` was called
+#: elsewhere, is killed as soon as it exists.
+_CLOSES = [0]
+_STARTED = threading.local()
 
 
 def kill_check_processes() -> None:
     """Kill the process group of every process a check is running now (the agent ends without
-    waiting for its checks' answer)."""
-    for pgid in list(_RUNNING):
+    waiting for its checks' answer), and of one being started at this moment."""
+    with _RUNNING_LOCK:
+        _CLOSES[0] += 1
+        running = list(_RUNNING)
+    for pgid in running:
         _kill_group(pgid)
 
 

@@ -87,6 +87,11 @@ class PreemptionWatch:
         self._info: RendezvousInfo | None = None
         self._next_check = 0.0
         self._hurried = False
+        self._requeuing = False
+        #: A second signal that came while this node asked Slurm to requeue the job (Slurm's own
+        #: stop of the requeued step, sent as soon as scontrol returns): held until the outcome is
+        #: said; then the agent exits with it (:meth:`launcher.agent.agent.Agent._on_signal`).
+        self.exit_after: int | None = None
         self._record: PreemptionRecord | None = None
         if settings.state_dir is not None:  # --preemption-state-dir: our own count across runs
             from launcher.preemption.record import PreemptionRecord
@@ -100,6 +105,13 @@ class PreemptionWatch:
     def hurry(self) -> None:
         """A second signal: do not wait out the grace."""
         self._hurried = True
+
+    def holds_exit(self, signum: int) -> bool:
+        """In the signal handler, for a second signal once the workers are gone: whether it must
+        wait for the requeue's outcome to be said (then :attr:`exit_after` is ``signum``)."""
+        if self._requeuing:
+            self.exit_after = signum
+        return self._requeuing
 
     # -- while the workers run ----------------------------------------------------------------
 
@@ -262,8 +274,12 @@ class PreemptionWatch:
         if self.settings.requeue and (self._info is None or self._info.group_rank == 0):  # one node requeues
             from launcher.preemption.requeue import requeue
 
-            outcome = requeue()
-            log.warning("%s", outcome)
+            self._requeuing = True
+            try:
+                outcome = requeue()
+                log.warning("%s", outcome)
+            finally:
+                self._requeuing = False
             message += f"\n{outcome}"
         return AgentResult(exit_code=PREEMPTED_EXIT, preempted=True, message=message)
 
