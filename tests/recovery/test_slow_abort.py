@@ -69,3 +69,23 @@ def test_the_next_call_does_not_wait_for_the_old_groups_abort(write_script, tmp_
     assert len(set(events[-1]["pids"])) == 1 and len(events[-1]["pids"]) == 2, events
     assert events[1]["aborts"] == ["started"], events
     assert "recovering in place" in result.stderr, result.stderr
+
+
+#: The old group's abort is still running when the process ends (NCCL's teardown after a short
+#: last call): the exit waits for it rather than tear the runtime down under it.
+SCRIPT_ENDING_DURING_THE_ABORT = SCRIPT.replace(
+    "    released.wait(60)\n    real_abort(group)\n    aborts.append(\"finished\")\n",
+    "    released.wait(60)\n    time.sleep(0.5)\n    real_abort(group)\n    aborts.append(\"finished\")\n"
+    "    note(\"old group aborted\")\n",
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_process_that_ends_during_the_old_groups_abort_waits_for_it(write_script, tmp_path):
+    assert SCRIPT_ENDING_DURING_THE_ABORT != SCRIPT
+    out = tmp_path / "events.jsonl"
+    result = run_launcher(["--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+                           write_script("held.py", SCRIPT_ENDING_DURING_THE_ABORT), str(out)], timeout=110)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line)["event"] for line in out.read_text().splitlines()]
+    assert events == ["raising", "next call's first all_reduce", "done", "old group aborted"], events

@@ -28,6 +28,7 @@ Standard library only: training code imports it without torch and without the ag
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
@@ -97,9 +98,14 @@ def _teardown() -> None:
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     forgotten = _forget_groups(c10d)
     if forgotten is not None:
-        # A daemon: a process that ends meanwhile does not wait for NCCL's teardown either.
-        threading.Thread(target=_abort_groups, args=(c10d, *forgotten), name="launcher-recovery-abort",
-                         daemon=True).start()
+        # A daemon, that only the process's exit waits for, and not for long (_finish_aborts).
+        thread = threading.Thread(target=_abort_groups, args=(c10d, *forgotten), name="launcher-recovery-abort",
+                                  daemon=True)
+        if not _aborting_since_start:
+            atexit.register(_finish_aborts)
+            _aborting_since_start.append(True)
+        _aborting[:] = [t for t in _aborting if t.is_alive()] + [thread]
+        thread.start()
         return
     abort = getattr(c10d, "_abort_process_group", None)
     try:
@@ -111,6 +117,26 @@ def _teardown() -> None:
         sys.stderr.write(f"launcher: tearing down torch.distributed: {type(exc).__name__}: {exc}\n")
         with contextlib.suppress(Exception):  # nothing more to release
             dist.destroy_process_group()
+
+
+#: Aborts still running on their daemon threads (:func:`_finish_aborts`).
+_aborting: list[threading.Thread] = []
+_aborting_since_start: list[bool] = []  # [True] once _finish_aborts is registered to run at exit
+#: Seconds a process that ends waits for the aborts still running (NCCL's took about a second).
+ABORT_EXIT_WAIT = 10.0
+
+
+def _finish_aborts() -> None:
+    """At the process's exit: wait (bounded) for the old groups' aborts still running. Left in C++
+    while the interpreter and the C++ runtime tear down around them, they killed the process
+    (``terminate called without an active exception``, SIGABRT) after a successful run."""
+    deadline = time.monotonic() + ABORT_EXIT_WAIT
+    for thread in _aborting:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            sys.stderr.write(f"launcher: the process groups aborted by the recovery were still being torn down "
+                             f"{ABORT_EXIT_WAIT:g} s later; exiting without waiting for them\n")
+            return
 
 
 def _forget_groups(c10d: Any) -> tuple[list[Any], Any] | None:
