@@ -241,6 +241,10 @@ def plan_from_settings(
         preemption = plan_for(preemption_settings, workers.shutdown_timeout)
     frozen = MappingProxyType(dict(settings))
     preload = tuple(settings["preload"].modules)
+    if preload and workers.no_python:
+        log.warning("%s does not apply with --no-python (the program is not started by Python): "
+                    "starting workers normally", settings["preload"].source)
+        preload = ()
     return LaunchPlan(
         run_id=rdzv.run_id,
         role=workers.role,

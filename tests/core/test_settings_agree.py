@@ -35,6 +35,12 @@ COMMAND_LINES = {
     ],  # fmt: skip
     "static": ["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", "29501"],
     "preload": ["--standalone", "--preload", "json,os", "--numa-fallback", "error"],
+    "capabilities": [
+        "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--health-checks", "disk",
+        "--straggler-detection", "--straggler-threshold", "3", "--straggler-action", "exclude",
+        "--straggler-interval", "5", "--metrics-port", "0", "--recovery", "in-place", "--preemption-grace", "30",
+        "--preemption-signals", "SIGTERM,SIGUSR1", "--max-restarts", "1",
+    ],  # fmt: skip
 }
 
 
@@ -94,3 +100,21 @@ def test_a_config_written_by_hand_gives_the_standalone_flags_settings(tmp_path, 
     written = config.to_settings()
     for name in ("rendezvous", "workers", "logs", "numa", "hangs", "events", "preload"):
         assert _without_command_only(written)[name] == _without_command_only(settings)[name], name
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_LINES))
+def test_each_flags_value_is_read_once_on_the_way_to_the_plan(name, tmp_path, plugin_manager, monkeypatch):
+    """From the parsed command line to the plan, each flag's value is read by one settings module, once."""
+    from launcher.flags import FlagValues
+
+    reads: dict[str, int] = {}
+    read = FlagValues.__getitem__
+
+    def counted(self: FlagValues, key: str) -> Any:
+        reads[key] = reads.get(key, 0) + 1
+        return read(self, key)
+
+    monkeypatch.setattr(FlagValues, "__getitem__", counted)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    _command_line(COMMAND_LINES[name], tmp_path, plugin_manager).plan(plugin_manager)
+    assert reads and {key: n for key, n in reads.items() if n > 1} == {}, reads

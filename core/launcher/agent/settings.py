@@ -13,7 +13,6 @@ way whichever way it came.
 # No "from __future__ import annotations": typing.NamedTuple would compile every field's
 # annotation string at import, which every launch pays.
 
-import logging
 import os
 import signal
 import sys
@@ -47,7 +46,6 @@ __all__ = [
     "signal_numbers",
 ]
 
-log = logging.getLogger("launcher.agent")
 
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 #: Longest --monitor-interval: one hour between membership checks is already too slow to be useful.
@@ -162,11 +160,11 @@ def _python_program(env: Mapping[str, str]) -> str:
     return python
 
 
-def _worker_command(values: FlagValues) -> tuple[list[str], tuple[str, tuple[str, ...]] | None]:
+def _worker_command(values: FlagValues, no_python: bool) -> tuple[list[str], tuple[str, tuple[str, ...]] | None]:
     """The worker's argv, or for ``--run-path`` the script and its arguments."""
     script: str = values["training_script"]
     script_args: list[str] = list(values["training_script_args"])
-    module, no_python = bool(values["module"]), bool(values["no_python"])
+    module = bool(values["module"])
     if not script.strip():
         kind = "module" if module else "program" if no_python else "script"
         raise UsageError(f"the {kind} name is empty: give the {kind} each worker runs")
@@ -196,7 +194,8 @@ def _worker_command(values: FlagValues) -> tuple[list[str], tuple[str, tuple[str
 
 def read_workers(values: FlagValues) -> WorkerSettings:
     """The worker flags and the script, checked; a device kind given to ``--nproc-per-node`` counted."""
-    command, run_path = _worker_command(values)
+    no_python = bool(values["no_python"])
+    command, run_path = _worker_command(values, no_python)
     nproc, provider = resolve_nproc(values["nproc_per_node"], values.manager, values.source("nproc_per_node"))
     shutdown_timeout, shutdown_name = values["shutdown_timeout"], values.source("shutdown_timeout")
     if shutdown_timeout is None:
@@ -209,7 +208,7 @@ def read_workers(values: FlagValues) -> WorkerSettings:
         device_provider=provider,
         command=tuple(command),
         run_path=run_path,
-        no_python=bool(values["no_python"]),
+        no_python=no_python,
         max_restarts=parse_int(values["max_restarts"], values.source("max_restarts"), 0, MAX_RESTARTS),
         monitor_interval=parse_seconds(values["monitor_interval"], values.source("monitor_interval"),
                                        MAX_MONITOR_INTERVAL, zero=False),
@@ -263,9 +262,11 @@ FLAGS: FlagGroup[WorkerSettings] = FlagGroup(
 
 
 class PreloadSettings(NamedTuple):
-    """The modules to preload, each once, in order (empty: workers start normally)."""
+    """The modules to preload, each once, in order (empty: workers start normally); ``source``
+    names where they came from (the plan says it does not apply with ``--no-python``)."""
 
     modules: tuple[str, ...] = ()
+    source: str = "--preload"
 
 
 def parse_preload(value: str | Iterable[str] | None, name: str = "--preload") -> tuple[str, ...]:
@@ -288,14 +289,9 @@ def parse_preload(value: str | Iterable[str] | None, name: str = "--preload") ->
 
 
 def read_preload(values: FlagValues) -> PreloadSettings:
-    """``--preload``, checked; none, said once, when the workers are not Python (``--no-python``)."""
+    """``--preload``, checked (the plan leaves it out, saying so once, for ``--no-python``)."""
     name = values.source("preload")
-    modules = parse_preload(values["preload"], name)
-    if modules and values["no_python"]:
-        log.warning("%s does not apply with --no-python (the program is not started by Python): "
-                    "starting workers normally", name)
-        return PreloadSettings()
-    return PreloadSettings(modules)
+    return PreloadSettings(parse_preload(values["preload"], name), name)
 
 
 PRELOAD_FLAGS: FlagGroup[PreloadSettings] = FlagGroup(

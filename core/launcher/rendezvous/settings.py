@@ -134,9 +134,8 @@ def read_rendezvous(values: FlagValues) -> RendezvousSettings:
         node_rank = parse_int(values["node_rank"], values.source("node_rank"), 0, max_nodes - 1)
         configs["rank"] = str(node_rank)
         if not endpoint.strip():
-            port = DEFAULT_MASTER_PORT
-            if values["master_port"] is not None:
-                port = parse_int(values["master_port"], values.source("master_port"), 0, 65535)
+            given = values["master_port"]
+            port = DEFAULT_MASTER_PORT if given is None else parse_int(given, values.source("master_port"), 0, 65535)
             host = check_host(values["master_addr"].strip(), values.source("master_addr"))
             endpoint = format_endpoint(host, port)
     local_addr = values["local_addr"]
