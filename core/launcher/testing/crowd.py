@@ -50,6 +50,11 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 #: Longest single wait of a client made alone (launcher.rendezvous.store_ops.WAIT_SLICE).
 WAIT_SLICE = 1.0
+#: Bytes asked of one recv() by a node's transport. asyncio asks for 256 KiB, which puts every
+#: read past glibc's mmap threshold (an mmap, an mremap and a munmap each, several times the
+#: read itself): thousands of nodes in one process would then measure the allocator, not the
+#: store. A real node reads a few replies per round; 64 KiB stays on the heap.
+RECV_SIZE = 64 * 1024
 
 
 def _blob(data: bytes) -> bytes:
@@ -79,6 +84,9 @@ class CrowdClient:
     async def connect(self, host: str, port: int) -> None:
         """Connect and validate, as torch's client does (VALIDATE, then a PING)."""
         self._reader, self._writer = await asyncio.open_connection(host, port)
+        transport = self._writer.transport
+        if hasattr(transport, "max_size"):  # the selector event loop's transports (CPython's default)
+            transport.max_size = RECV_SIZE
         nonce = random.getrandbits(32)
         self._writer.write(_U8.pack(QueryType.VALIDATE) + _U32.pack(VALIDATION_MAGIC)
                            + _U8.pack(QueryType.PING) + _U32.pack(nonce))
