@@ -21,8 +21,9 @@ socket each, sending the requests a real node sends under the real key names (th
 With ``--base REV`` a third host, ``base``, is launcher's server of revision ``REV`` (its
 ``core/`` extracted with ``git archive``; the crowd stays this checkout's, so both get the same
 requests): a before/after in one run. With ``--repeat K`` every size runs K times, the hosts
-taking turns (ours, base, torch, ours, ...) so that a change in the machine's load hits them
-alike; the tables give each host's median.
+taking turns (each turn every size, and every host at each size: ours, base, torch, ...) so
+that a change in the machine's load hits them alike; the tables give each host's median and
+its fastest round.
 
 The crowd runs in as many processes at every size (``--procs``; default: one per core, 2 to 4):
 on a shared machine their share of the cores then does not change with the size (one process at
@@ -478,14 +479,17 @@ def main(argv: list[str] | None = None) -> int:
     procs = args.procs or max(2, min(4, os.cpu_count() or 2))
     print(f"{os.cpu_count()} CPUs, load average {_load()} at the start; {procs} crowd processes", flush=True)
     results = []
-    for n in sizes:
-        for turn in range(args.repeat):
+    # Turn by turn, every size and host once: a change in the machine's load then falls on every
+    # size alike, and the growth from one size to the next is not the load's.
+    for turn in range(args.repeat):
+        for n in sizes:
             for kind in hosts:
                 result = measure(kind, n, procs, args.limit)
                 result.update(kind="round", load_average=_load(), turn=turn)
                 results.append(result)
                 print(f"{kind:>6} N={n:<6} {result.get('status')} round {result.get('round_s')} s "
                       f"host CPU {result.get('host_cpu_round_s')} s (load {result['load_average']})", flush=True)
+    for n in sizes:
         for kind in hosts if n in steady else ():
             result = measure_steady(kind, n, procs, args.steady_s, args.limit)
             result.update(kind="steady", load_average=_load())
