@@ -18,10 +18,22 @@ socket each, sending the requests a real node sends under the real key names (th
 * the per-exchange figures of ``benchmarks/bench_exchanges.py``, when that file exists
   (:func:`exchange_figures`).
 
+With ``--base REV`` a third host, ``base``, is launcher's server of revision ``REV`` (its
+``core/`` extracted with ``git archive``; the crowd stays this checkout's, so both get the same
+requests): a before/after in one run. With ``--repeat K`` every size runs K times, the hosts
+taking turns (each turn every size, and every host at each size: ours, base, torch, ...) so
+that a change in the machine's load hits them alike; the tables give each host's median and
+its fastest round.
+
+The crowd runs in as many processes at every size (``--procs``; default: one per core, 2 to 4):
+on a shared machine their share of the cores then does not change with the size (one process at
+1,024 nodes and four at 4,096 gave 4,096 nodes a larger share of a loaded machine than 1,024).
+
 Usage::
 
     python benchmarks/bench_scale.py                                   # 64, 256, 1024, 4096; both hosts
     python benchmarks/bench_scale.py --sizes 1024,2048,4096 --hosts ours --steady 0
+    python benchmarks/bench_scale.py --sizes 64,256,1024,2048,4096 --hosts both --base 02ae38d --repeat 3 --steady 0
 
 Writes ``benchmarks/results/scale.json``.
 """
@@ -34,8 +46,10 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -43,7 +57,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
-HOSTS = ("ours", "torch")
+HOSTS = ("ours", "base", "torch")
 RUN_ID = "scale"
 
 OUR_HOST = """
@@ -67,9 +81,13 @@ sys.stdin.read()
 """
 
 
-def _env() -> dict[str, str]:
+#: Where ``--base``'s revision was extracted (its ``core/`` serves the ``base`` host).
+BASE_TREE: Path | None = None
+
+
+def _env(tree: Path = ROOT) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "core"), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree / "core"), env.get("PYTHONPATH", "")]))
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     return env
 
@@ -87,8 +105,14 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds of process ``pid`` so far."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` so far (system: the kernel's share, on
+    loopback most of it TCP, the peer's receiving included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
@@ -101,9 +125,14 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float:
 
 def start_host(kind: str, n: int) -> tuple[subprocess.Popen[str], int]:
     """The store host's process and its port."""
-    script = OUR_HOST if kind == "ours" else TORCH_HOST
+    script = TORCH_HOST if kind == "torch" else OUR_HOST
+    tree = ROOT
+    if kind == "base":
+        if BASE_TREE is None:
+            raise RuntimeError("the base host needs --base REV")
+        tree = BASE_TREE
     proc = subprocess.Popen([sys.executable, "-c", script, str(n + 16)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=_env())
+                            stdout=subprocess.PIPE, text=True, env=_env(tree))
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())
 
@@ -204,17 +233,23 @@ def measure(kind: str, n: int, procs: int, limit: float) -> dict[str, Any]:
             assert _read(child).strip() == "ready"
         guard.start()  # connecting thousands of clients is not part of the limit
         idle_rss = rss_mb(host.pid)
-        cpu0 = cpu_seconds(host.pid)
+        user0, sys0 = cpu_split(host.pid)
+        crowd0 = sum(cpu_seconds(child.pid) for child in children)
         start = time.monotonic()
         _tell(children, "go")
         parts = [json.loads(_read(child)) for child in children]
+        # The simulated nodes' CPU, all processes together (on a cluster: every node its own).
+        result["crowd_cpu_s"] = round(sum(cpu_seconds(child.pid) for child in children) - crowd0, 3)
         result["round_s"] = round(max(p["done"] for p in parts) - start, 3)
         marks: dict[str, float] = {}
         for p in parts:
             for name, at in p["marks"].items():
                 marks[name] = max(marks.get(name, 0.0), at)
         result["timeline_s"] = {name: round(at - start, 3) for name, at in sorted(marks.items(), key=lambda m: m[1])}
-        result["host_cpu_round_s"] = round(cpu_seconds(host.pid) - cpu0, 3)
+        user1, sys1 = cpu_split(host.pid)
+        # max(): a difference of equal tick counts can come out as -0.0 in floating point.
+        result["host_user_s"], result["host_sys_s"] = max(0.0, round(user1 - user0, 3)), max(0.0, round(sys1 - sys0, 3))
+        result["host_cpu_round_s"] = round(result["host_user_s"] + result["host_sys_s"], 3)
         ranks = sorted(r for p in parts for r in p["ranks"])
         result["ranks_ok"] = ranks == list(range(n))
         result["host_rss_mb"] = round(rss_mb(host.pid), 1)
@@ -354,15 +389,44 @@ def _load() -> str:
     return f"{one:.1f} {five:.1f} {fifteen:.1f}"
 
 
+def medians(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host and size, the median of the rounds that formed (round time, the host's CPU,
+    its user and system parts), the fastest round (on a shared machine the steadier figure: the
+    one least slowed by other work), how many formed, and the load averages they ran at."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        if r.get("kind") == "round":
+            groups.setdefault((r["host"], r["nodes"]), []).append(r)
+    table = []
+    for (host, n), runs in groups.items():
+        ok = [r for r in runs if r.get("status") == "ok"]
+        row: dict[str, Any] = {"host": host, "nodes": n, "runs": len(runs), "ok": len(ok),
+                               "load_averages": [r.get("load_average") for r in runs]}
+        for name in ("round_s", "host_cpu_round_s", "host_user_s", "host_sys_s", "crowd_cpu_s", "host_rss_mb",
+                     "sealed_kb", "node_read_ms"):
+            values = [r[name] for r in ok if name in r]
+            if values:
+                row[name] = round(statistics.median(values), 3)
+        if ok:
+            row["round_best_s"] = min(r["round_s"] for r in ok)
+        else:
+            row["error"] = runs[-1].get("error", "error")
+        table.append(row)
+    return table
+
+
 def print_tables(results: list[dict[str, Any]]) -> None:
-    print(f"{'host':>6} {'nodes':>6} {'round s':>8} {'host CPU s':>10} {'host RSS MB':>11} "
-          f"{'sealed KB':>9} {'node read ms':>12}")
-    for r in (r for r in results if r.get("kind") == "round"):
-        if r.get("status") != "ok":
+    print(f"{'host':>6} {'nodes':>6} {'round s':>8} {'best s':>7} {'host CPU s':>10} {'user/sys s':>10} "
+          f"{'crowd CPU s':>11} {'host RSS MB':>11} {'sealed KB':>9} {'node read ms':>12} {'runs ok':>7}")
+    for r in medians(results):
+        if not r["ok"]:
             print(f"{r['host']:>6} {r['nodes']:>6} {r.get('error', 'error')}")
             continue
-        print(f"{r['host']:>6} {r['nodes']:>6} {r['round_s']:>8.2f} {r['host_cpu_round_s']:>10.2f} "
-              f"{r['host_rss_mb']:>11.1f} {r['sealed_kb']:>9.1f} {r['node_read_ms']:>12.2f}")
+        split = f"{r.get('host_user_s', 0):.2f}/{r.get('host_sys_s', 0):.2f}"
+        print(f"{r['host']:>6} {r['nodes']:>6} {r['round_s']:>8.2f} {r['round_best_s']:>7.2f} "
+              f"{r['host_cpu_round_s']:>10.2f} {split:>10} {r.get('crowd_cpu_s', 0):>11.2f} "
+              f"{r['host_rss_mb']:>11.1f} {r['sealed_kb']:>9.1f} {r['node_read_ms']:>12.2f} "
+              f"{r['ok']:>3}/{r['runs']:<3}")
     for s in (r for r in results if "latency_ms" in r):
         print(f"\nsteady state, {s['nodes']} nodes, {s['host']} host, {s['seconds']} s: "
               f"{s['host_cpu_cores']:.3f} cores, RSS {s['host_rss_mb']:.0f} MB (peak {s['host_peak_rss_mb']:.0f}, "
@@ -380,9 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64,256,1024,4096", help="comma-separated node counts")
     parser.add_argument("--hosts", default="ours,torch", help="store hosts: ours, torch, or both")
+    parser.add_argument("--base", help="also time launcher's server of this git revision (host 'base')")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds per size and host, the hosts taking turns")
     parser.add_argument("--steady", default="4096", help="sizes that also run the steady load (0: none)")
     parser.add_argument("--steady-s", type=float, default=20.0, help="seconds of steady load")
-    parser.add_argument("--procs", type=int, default=0, help="crowd processes (default: 1 per 1,024 nodes, 1 to 4)")
+    parser.add_argument("--procs", type=int, default=0, help="crowd processes at every size (default: one per "
+                        "core, 2 to 4)")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds before a measurement is given up")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--crowd", nargs=4, type=int, help=argparse.SUPPRESS)
@@ -397,20 +464,32 @@ def main(argv: list[str] | None = None) -> int:
         steady = {int(s) for s in args.steady.split(",") if s.strip()}
     except ValueError:
         parser.error("--sizes and --steady take comma-separated whole numbers, e.g. 64,256,1024")
-    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    hosts = [h.strip() for h in args.hosts.replace("both", "ours,torch").split(",") if h.strip()]
     for kind in hosts:
-        if kind not in HOSTS:
-            parser.error(f"unknown store host {kind!r}: choose from {', '.join(HOSTS)}")
-    print(f"{os.cpu_count()} CPUs, load average {_load()} at the start", flush=True)
+        if kind not in HOSTS or kind == "base":
+            parser.error(f"unknown store host {kind!r}: choose from ours, torch, both")
+    if args.base:
+        global BASE_TREE
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from revisions import commit_of, extract
+
+        base_dir = tempfile.TemporaryDirectory(prefix="bench-scale-base-")
+        BASE_TREE = extract(args.base, Path(base_dir.name))
+        hosts.insert(hosts.index("ours") + 1 if "ours" in hosts else 0, "base")
+    procs = args.procs or max(2, min(4, os.cpu_count() or 2))
+    print(f"{os.cpu_count()} CPUs, load average {_load()} at the start; {procs} crowd processes", flush=True)
     results = []
+    # Turn by turn, every size and host once: a change in the machine's load then falls on every
+    # size alike, and the growth from one size to the next is not the load's.
+    for turn in range(args.repeat):
+        for n in sizes:
+            for kind in hosts:
+                result = measure(kind, n, procs, args.limit)
+                result.update(kind="round", load_average=_load(), turn=turn)
+                results.append(result)
+                print(f"{kind:>6} N={n:<6} {result.get('status')} round {result.get('round_s')} s "
+                      f"host CPU {result.get('host_cpu_round_s')} s (load {result['load_average']})", flush=True)
     for n in sizes:
-        procs = args.procs or max(1, min(4, -(-n // 1024)))
-        for kind in hosts:
-            result = measure(kind, n, procs, args.limit)
-            result.update(kind="round", load_average=_load())
-            results.append(result)
-            print(f"{kind:>6} N={n:<6} {result.get('status')} round {result.get('round_s')} s "
-                  f"(load {result['load_average']})", flush=True)
         for kind in hosts if n in steady else ():
             result = measure_steady(kind, n, procs, args.steady_s, args.limit)
             result.update(kind="steady", load_average=_load())
@@ -430,21 +509,26 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
     print()
     print_tables(results)
-    ok = sorted((r for r in results if r.get("kind") == "round" and r["host"] == "ours" and r.get("status") == "ok"),
-                key=lambda r: r["nodes"])
-    growth = [
-        {"from": a["nodes"], "to": b["nodes"], "time_ratio": round(b["round_s"] / a["round_s"], 2)}
-        for a, b in zip(ok, ok[1:], strict=False)
-        if a["round_s"] > 0
-    ]
-    for g in growth:
-        print(f"ours: {g['from']} -> {g['to']} nodes: {g['time_ratio']}x the time")
+    table = medians(results)
+    growth: dict[str, list[dict[str, Any]]] = {}
+    for kind in hosts:
+        ok = sorted((r for r in table if r["host"] == kind and r["ok"]), key=lambda r: r["nodes"])
+        growth[kind] = [
+            {"from": a["nodes"], "to": b["nodes"], "time_ratio": round(b["round_s"] / a["round_s"], 2)}
+            for a, b in zip(ok, ok[1:], strict=False)
+            if a["round_s"] > 0
+        ]
+        for g in growth[kind]:
+            print(f"{kind}: {g['from']} -> {g['to']} nodes: {g['time_ratio']}x the time (medians)")
     report = {
         "benchmark": "one c10d round and the steady load of N simulated nodes (asyncio crowds), one store host",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_end": _load()},
+        "crowd_processes": procs,
+        "base": {"revision": args.base, "commit": commit_of(args.base)} if args.base else None,
+        "medians": table,
         "results": results,
-        "ours_growth": growth,
+        "growth": growth,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from launcher.rendezvous import membership
@@ -16,6 +18,7 @@ from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.dynamic import DynamicRendezvousHandler
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.store.client import TCPStoreClient
+from launcher.store.protocol import QueryType
 from launcher.store.server import StoreServer
 from launcher.testing.crowd import Crowd, CrowdClient
 
@@ -161,3 +164,48 @@ def test_a_crowd_forms_a_round_on_torchs_tcpstore() -> None:
             assert client.check([RendezvousKeys("crowd-torch").master(0)])
     finally:
         del store
+
+
+def test_the_host_serves_each_node_a_constant_number_of_requests() -> None:
+    # What the round costs the store's host grows with the nodes, not faster: each node sends
+    # compare_set, add, set, a wait for and a get of the sealed record, and a wait for and a get
+    # of the master's address (group rank 0 sets it instead), as a real node does;
+    # the closer sends one multi_get and one compare_set more. A slice that ended costs a cancel
+    # and a new wait, nothing else. Counted on the host, by request type (structure, no timings).
+    n = 256
+    counts: Counter[int] = Counter()
+    with StoreServer("127.0.0.1", 0, clients=n + 8) as server:
+        handlers = server._requests._handlers  # the table each request is dispatched through
+
+        def counted(query: int, handler: Callable[..., None]) -> Callable[..., None]:
+            def run(*args: object) -> None:
+                handler(*args)  # counted once it ran in full (not while its bytes are still arriving)
+                counts[query] += 1
+
+            return run
+
+        for query, handler in list(handlers.items()):
+            handlers[query] = counted(query, handler)
+        crowd = Crowd("127.0.0.1", server.port, "crowd-count", nodes=n, first=0, count=n)
+
+        async def simulate() -> None:
+            try:
+                await crowd.connect()
+                await asyncio.wait_for(crowd.join(), 240)
+            finally:
+                crowd.close()
+
+        asyncio.run(simulate())
+    assert sorted(crowd.ranks) == list(range(n))
+    rewaits = counts[QueryType.CANCEL_WAIT]
+    assert {QueryType(q): c for q, c in counts.items()} == {
+        QueryType.VALIDATE: n,
+        QueryType.COMPARE_SET: n + 1,
+        QueryType.ADD: n,
+        QueryType.SET: n + 1,
+        QueryType.PING: n,  # the handshake's
+        QueryType.WAIT: 2 * n + rewaits,
+        QueryType.GET: 2 * n - 1,
+        QueryType.MULTI_GET: 1,
+        **({QueryType.CANCEL_WAIT: rewaits} if rewaits else {}),
+    }

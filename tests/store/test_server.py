@@ -187,6 +187,15 @@ def test_hundreds_of_concurrent_clients(server: StoreServer) -> None:
             c.close()
 
 
+def test_a_read_asks_for_less_than_the_allocators_mmap_threshold() -> None:
+    # Python allocates the whole size asked of recv() before the kernel fills it; past glibc's
+    # mmap threshold (128 KiB) that costs an mmap, an mremap and a munmap per request, most of
+    # the host's CPU in a round of thousands of nodes (docs/rendezvous.md, "Scale").
+    from launcher.store import loop
+
+    assert loop._RECV_SIZE <= 64 << 10
+
+
 def test_a_thousand_raw_waiting_connections(server: StoreServer) -> None:
     # No threads: 1,000 sockets each validate, ping and block in WAIT; one write releases all.
     socks = []

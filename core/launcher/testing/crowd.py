@@ -50,6 +50,11 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 #: Longest single wait of a client made alone (launcher.rendezvous.store_ops.WAIT_SLICE).
 WAIT_SLICE = 1.0
+#: Bytes asked of one recv() by a node's transport. asyncio asks for 256 KiB, which puts every
+#: read past glibc's mmap threshold (an mmap, an mremap and a munmap each, several times the
+#: read itself): thousands of nodes in one process would then measure the allocator, not the
+#: store. A real node reads a few replies per round; 64 KiB stays on the heap.
+RECV_SIZE = 64 * 1024
 
 
 def _blob(data: bytes) -> bytes:
@@ -79,6 +84,9 @@ class CrowdClient:
     async def connect(self, host: str, port: int) -> None:
         """Connect and validate, as torch's client does (VALIDATE, then a PING)."""
         self._reader, self._writer = await asyncio.open_connection(host, port)
+        transport = self._writer.transport
+        if hasattr(transport, "max_size"):  # the selector event loop's transports (CPython's default)
+            transport.max_size = RECV_SIZE
         nonce = random.getrandbits(32)
         self._writer.write(_U8.pack(QueryType.VALIDATE) + _U32.pack(VALIDATION_MAGIC)
                            + _U8.pack(QueryType.PING) + _U32.pack(nonce))
@@ -108,10 +116,17 @@ class CrowdClient:
         (n,) = _U64.unpack(await self._reader.readexactly(8))
         return await self._reader.readexactly(n) if n else b""
 
-    async def set(self, key: str, value: bytes) -> None:
-        """SET (no reply); a PING after it, so that its latency is measured to its execution."""
-        await self._ask("set", _U8.pack(QueryType.SET) + _key(key) + _blob(value)
-                        + _U8.pack(QueryType.PING) + _U32.pack(0), 4)
+    async def set(self, key: str, value: bytes, *, timed: bool = True) -> None:
+        """SET (no reply). ``timed``: a PING after it, so that its latency is measured to its
+        execution (the steady load's figures); without, nothing more is sent, as by a real
+        node's client (the round's sets: a PING each would be a request and a reply more per
+        node than a real round costs the store's host)."""
+        message = _U8.pack(QueryType.SET) + _key(key) + _blob(value)
+        if not timed:
+            assert self._writer is not None
+            self._writer.write(message)
+            return
+        await self._ask("set", message + _U8.pack(QueryType.PING) + _U32.pack(0), 4)
 
     async def add(self, key: str, amount: int) -> int:
         """ADD: the new value."""
@@ -241,7 +256,8 @@ class Crowd:
         if index > self.nodes:
             raise RuntimeError(f"node {me.id} took index {index} of a round of {self.nodes}: another run's keys?")
         await client.set(self.keys.node(r, index), me.record(is_host=False, was_rank0=False,
-                                                             local_world_size=self.local_world_size))
+                                                             local_world_size=self.local_world_size),
+                         timed=False)
         self.marks["recorded"] = max(self.marks.get("recorded", 0.0), time.monotonic())
         if index == self.nodes:  # the round is full: this node closes it
             self.marks["closer_start"] = time.monotonic()
@@ -261,7 +277,7 @@ class Crowd:
         self.ranks[k] = rank
         self.round = r
         if rank == 0:
-            await client.set(self.keys.master(r), json.dumps([me.addr, 29500]).encode())
+            await client.set(self.keys.master(r), json.dumps([me.addr, 29500]).encode(), timed=False)
         else:
             json.loads(await client.get(self.keys.master(r)))
         return time.monotonic()
