@@ -144,21 +144,26 @@ def test_a_cancel_that_crosses_the_wakeup_leaves_the_connection_in_step(host: st
         del server
 
 
+def _form_round(crowd: Crowd, limit: float = 240.0) -> None:
+    """Connect every node of ``crowd`` and take part in one round (its ranks are then known)."""
+
+    async def simulate() -> None:
+        try:
+            await crowd.connect()
+            await asyncio.wait_for(crowd.join(), limit)
+        finally:
+            crowd.close()
+
+    asyncio.run(simulate())
+
+
 def test_a_crowd_forms_a_round_on_torchs_tcpstore() -> None:
     # Slices of 5 ms: nearly every wait ends in a cancel, many of them crossing the wakeup.
     store, port = _torch_host()
     n = 256
     crowd = Crowd("127.0.0.1", port, "crowd-torch", nodes=n, first=0, count=n, wait_slice=0.005)
-
-    async def simulate() -> None:
-        try:
-            await crowd.connect()
-            await asyncio.wait_for(crowd.join(), 240)
-        finally:
-            crowd.close()
-
     try:
-        asyncio.run(simulate())
+        _form_round(crowd)
         assert sorted(crowd.ranks) == list(range(n))
         with TCPStoreClient("127.0.0.1", port, timeout=30) as client:
             assert client.check([RendezvousKeys("crowd-torch").master(0)])
@@ -187,15 +192,7 @@ def test_the_host_serves_each_node_a_constant_number_of_requests() -> None:
         for query, handler in list(handlers.items()):
             handlers[query] = counted(query, handler)
         crowd = Crowd("127.0.0.1", server.port, "crowd-count", nodes=n, first=0, count=n)
-
-        async def simulate() -> None:
-            try:
-                await crowd.connect()
-                await asyncio.wait_for(crowd.join(), 240)
-            finally:
-                crowd.close()
-
-        asyncio.run(simulate())
+        _form_round(crowd)
     assert sorted(crowd.ranks) == list(range(n))
     rewaits = counts[QueryType.CANCEL_WAIT]
     assert {QueryType(q): c for q, c in counts.items()} == {
