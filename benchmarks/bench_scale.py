@@ -362,8 +362,6 @@ def exchange_figures(n: int) -> dict[str, Any] | None:
     path = ROOT / "benchmarks" / "bench_exchanges.py"
     if not path.exists():
         return None
-    import resource
-
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and 2 * n + 256 > hard:
         # Its harness holds the store's side and every node's side of each connection in one process.

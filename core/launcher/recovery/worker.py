@@ -101,9 +101,10 @@ def _teardown() -> None:
         # A daemon, that only the process's exit waits for, and not for long (_finish_aborts).
         thread = threading.Thread(target=_abort_groups, args=(c10d, *forgotten), name="launcher-recovery-abort",
                                   daemon=True)
-        if not _aborting_since_start:
+        global _exit_waits
+        if not _exit_waits:  # at the first abort: run before the exit handlers of what is imported by now (torch)
             atexit.register(_finish_aborts)
-            _aborting_since_start.append(True)
+            _exit_waits = True
         _aborting[:] = [t for t in _aborting if t.is_alive()] + [thread]
         thread.start()
         return
@@ -121,7 +122,7 @@ def _teardown() -> None:
 
 #: Aborts still running on their daemon threads (:func:`_finish_aborts`).
 _aborting: list[threading.Thread] = []
-_aborting_since_start: list[bool] = []  # [True] once _finish_aborts is registered to run at exit
+_exit_waits = False  # whether _finish_aborts is registered to run at exit
 #: Seconds a process that ends waits for the aborts still running (NCCL's took about a second).
 ABORT_EXIT_WAIT = 10.0
 
