@@ -556,8 +556,13 @@ class Agent:
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + interval
                 self._stragglers.act(handler, info)  # --straggler-action exclude (launcher.stragglers.exclusion)
-                with self._signals.interruptible():  # a store that went away is retried for seconds
-                    change = membership_changed(handler, self._report, self._emit, info)
+                try:
+                    with self._signals.interruptible():  # a store that went away is retried for seconds
+                        change = membership_changed(handler, self._report, self._emit, info)
+                except SignalReceived:
+                    # The workers run: the signal is handled as one between checks (the loop's top),
+                    # a preemption notice included, not as one where no worker ran.
+                    continue
                 if change is not WatchOutcome.STORE_GONE:  # after the check: a cut-off store is not waited for twice
                     self._health.poll(handler)
                 if change is not None:
