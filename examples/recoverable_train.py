@@ -113,7 +113,12 @@ def train() -> list[float]:
                 record(rank, event="entering", step=step)
             dist.all_reduce(grad)
         except BaseException as exc:  # a peer failed: say when this rank was released, then leave
-            record(rank, event="released", step=step, error=type(exc).__name__)
+            try:
+                record(rank, event="released", step=step, error=type(exc).__name__)
+            except BaseException:
+                # launcher's interrupt follows the abort that ended the all-reduce, and may land
+                # while the line is written: write it then (the interrupt comes once).
+                record(rank, event="released", step=step, error=type(exc).__name__)
             raise
         if step == start:
             record(rank, event="first_collective", step=step)
