@@ -1,4 +1,5 @@
-"""Two lanes for pytest-xdist (``pytest -n 2 --dist loadgroup``, tox's py3 run).
+"""Two lanes for pytest-xdist (``pytest -n 2 --dist loadgroup``: the full run where network
+namespaces cannot be made, see tests/full_run.py).
 
 With ``--worker-netns`` (the fast lane), where network namespaces can be made (root), every worker
 first moves into one of its own, so fixed ports cannot collide between workers: then any module
