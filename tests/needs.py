@@ -100,10 +100,12 @@ NEEDS = (
     Need("torch_job", "a job of several workers that import torch (gloo)", paths=TORCH_JOBS),
     Need("torch", "torch in the test's Python (skipped where it is missing)", paths=TORCH_IMPORTS,
          params=frozenset({"torch"}), slow=False),
-    # A private network namespace has only its loopback: these skip there (the fast lane), and the
+    # A private network namespace has only its loopback (no DNS either): these skip there (the fast lane), and the
     # full run (tests/full_run.py) runs them in the root namespace.
-    Need("host_network", "this host's own network: an address other than loopback",
-         paths=("tests/rendezvous/test_c10d.py::test_local_host_detection_by_interface_address",), slow=False),
+    Need("host_network", "this host's own network: an address other than loopback, its DNS resolver",
+         paths=("tests/rendezvous/test_c10d.py::test_local_host_detection_by_interface_address",
+                "plugins/launcher-etcd/tests/test_etcd_plugin.py::"
+                "test_an_endpoint_host_that_dns_says_does_not_exist_fails_at_once"), slow=False),
 )
 
 #: The needs the fast lane (``tox -e fast``) leaves out.
