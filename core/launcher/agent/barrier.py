@@ -24,6 +24,7 @@ waits here, or the others would call it lost (``launcher.rendezvous.store_ops``)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -114,8 +115,13 @@ class _Waiter:
         #: How many nodes had finished, and who they are (see ``_FOLLOW_UP_TO``), when last looked.
         self.count = 0
         self.finished: list[FinishedNode] = []
-        #: Every node's global ranks, read before anything can go (a lost node is named with them).
-        self.node_ranks = node_ranks(info, run_id)
+
+    @functools.cached_property
+    def node_ranks(self) -> dict[int, range]:
+        """Every node's global ranks, by group rank, read when a node is to be named with them
+        (one went missing): an O(N) read that the nodes of a job that ends well never do. The
+        records it reads outlive the nodes they describe."""
+        return node_ranks(self.info, self.run_id)
 
     def await_done(self, timeout: float) -> AgentResult | None:
         """Wait for every node to finish: ``None`` once all have; the failed result when the job
