@@ -105,10 +105,13 @@ def _handler(port: int, run_id: str, n: int) -> tuple[DynamicRendezvousHandler, 
     return handler, store
 
 
-def _round_with_crowd(n: int) -> tuple[list[object], list[CountingStore], Crowd, dict[str, object]]:
+Made = list[tuple[DynamicRendezvousHandler, CountingStore]]
+
+
+def _round_with_crowd(n: int) -> tuple[list[object], Made, Crowd, dict[str, object]]:
     """``REAL`` counted real nodes, then a crowd of ``n - REAL`` (whose last node closes), form a
-    round; the real nodes' infos, their stores (counts taken right after joining), the crowd,
-    and the round's roster as stored. The handlers are shut down on return."""
+    round; the real nodes' infos, their handlers and stores (counts taken right after joining),
+    the crowd, and the round's roster as stored. The handlers are shut down on return."""
     run_id = f"roster-{n}"
     keys = RendezvousKeys(run_id)
     with StoreServer("127.0.0.1", 0, clients=n + 8) as server:
@@ -163,21 +166,24 @@ def _round_with_crowd(n: int) -> tuple[list[object], list[CountingStore], Crowd,
         finally:
             for handler, _ in made:
                 handler.shutdown()
-    return infos, [store for _, store in made], crowd, roster
+    return infos, made, crowd, roster
 
 
 def test_a_node_receives_as_many_bytes_in_a_round_of_200_as_in_one_of_50() -> None:
-    small_infos, small, _, _ = _round_with_crowd(50)
+    _, small, _, _ = _round_with_crowd(50)
     large_infos, large, crowd, roster = _round_with_crowd(200)
-    for before, after in zip(small, large, strict=True):
+    for (_, before), (_, after) in zip(small, large, strict=True):
         # Same requests; the values differ only in the digits of a rank and a count.
         assert _requests(before) == _requests(after)
         assert after.received <= before.received + 32, (before.received, after.received)
         assert not after.on_seal  # a crowd node closed: these nodes never read every record
     # Ranks, offsets and the world size agree with the roster the closer wrote.
-    ranks = {node: g for g, node in enumerate(roster["ids"])}  # type: ignore[arg-type]
-    for info, store in zip(large_infos, large, strict=True):
-        assert info.group_rank == ranks[info.participants[info.group_rank]]  # type: ignore[attr-defined]
+    ids = list(roster["ids"])  # type: ignore[call-overload]
+    for info, (handler, _) in zip(large_infos, large, strict=True):
+        rank = ids.index(handler.node.id)
+        assert info.group_rank == rank  # type: ignore[attr-defined]
+        last = handler._last
+        assert last is not None and (last.rank_offset, last.world_size) == (LWS * rank, LWS * 200)
     assert sorted(crowd.ranks + [i.group_rank for i in large_infos]) == list(range(200))  # type: ignore[attr-defined]
 
 
