@@ -294,7 +294,10 @@ class Agent:
         self._info = info
         self._phase = "starting the workers"
         self._stragglers.after_join(handler)  # a spare called in names the straggler it replaces
-        listed = {"participants": list(info.participants)} if info.group_world_size <= EVENT_PARTICIPANTS_MAX else {}
+        listed: dict[str, list[str]] = {}
+        if info.group_world_size <= EVENT_PARTICIPANTS_MAX:
+            with contextlib.suppress(RendezvousError, StoreError, OSError):  # read from the store now
+                listed["participants"] = list(info.participants)
         self._emit("rendezvous_completed", round=info.round, group_rank=info.group_rank,
                    group_world_size=info.group_world_size, **listed, duration=round(time.monotonic() - started, 6))
         return info

@@ -101,14 +101,6 @@ class Roster(Sequence[T]):
         self._values: list[T] | None = None
         self._lock = threading.Lock()
 
-    @classmethod
-    def of(cls, values: Sequence[T]) -> Roster[T]:
-        """A roster already known (nothing to read)."""
-        items = list(values)
-        roster = cls(len(items), lambda: items)
-        roster._values = items
-        return roster
-
     @property
     def loaded(self) -> bool:
         """Whether the whole column has been read."""
@@ -187,7 +179,8 @@ class Membership:
     #: local world size (``None`` otherwise).
     rank_offset: int | None = None
     world_size: int | None = None
-    #: Reads the round's ``roster`` record (``None``: not known, and the lists read empty).
+    #: Reads the round's ``roster`` record (``None``: not known; the lists then cannot be read
+    #: past their known entries, and :attr:`addresses` is empty).
     load: Callable[[], Mapping[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property

@@ -290,7 +290,10 @@ class Rounds:
         except StoreTimeoutError:
             return None
         joined = {decode(raw).get("id") for raw in records}
-        return [node for node in previous.ids if node not in joined]
+        try:  # the previous round's participants: read from its roster (O(N), this node only)
+            return [node for node in previous.ids if node not in joined]
+        except (RendezvousError, StoreError):
+            return None
 
     def _seal(self, r: int, count: int) -> None:
         """Close round ``r`` with the nodes of join index 1..count (see "Closing a round").
