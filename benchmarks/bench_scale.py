@@ -8,8 +8,10 @@ socket each, sending the requests a real node sends under the real key names (th
 
 * the round: from "go" until the last node knows its rank and the workers' store;
 * the store host's CPU seconds during the round, and its RSS after it;
-* the sealed record's size, and what reading it costs one real node (decode and find its rank;
-  on a cluster every node does that on its own CPU, in parallel; here it is timed once);
+* the bytes of the round's records that one node reads (``sealed`` and its ``place``: the same
+  at every size), the size of the round's ``roster`` (which only the closer and the nodes that
+  need it read), and what reading its records costs one real node (decode them and find its
+  rank; on a cluster every node does that on its own CPU, in parallel; here it is timed once);
 * at ``--steady`` sizes, for ``--steady-s`` seconds of the per-interval load (the heartbeat ring,
   status records, aggregated straggler summaries; :class:`~launcher.testing.crowd.SteadyLoad`):
   the host's CPU (cores) and RSS, requests per second, and each request's p50/p99 latency as
@@ -201,21 +203,27 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def sealed_read_cost(port: int) -> dict[str, float]:
-    """What reading the round's sealed record costs one real node: its size, and decoding it
-    and finding its rank (ms, best of several)."""
+    """What the round's records cost one real node: the bytes it reads (``sealed`` and the
+    place of its join index, the last one here), the ``roster``'s size (KB), and decoding what
+    it reads to find its rank (ms, best of several)."""
     from launcher.rendezvous.keys import RendezvousKeys
     from launcher.rendezvous.membership import decode
     from launcher.store.client import TCPStoreClient
 
+    keys = RendezvousKeys(RUN_ID)
     with TCPStoreClient("127.0.0.1", port, timeout=60) as client:
-        raw = client.get(RendezvousKeys(RUN_ID).sealed(0))
+        sealed = client.get(keys.sealed(0))
+        count = int(decode(sealed)["count"])
+        place = client.get(keys.place(0, count))
+        roster = client.get(keys.roster(0))
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
-        state = decode(raw)
-        state["ids"].index(state["ids"][-1])
+        decode(sealed)
+        int(decode(place)["rank"])
         best = min(best, time.perf_counter() - start)
-    return {"sealed_kb": round(len(raw) / 1024, 1), "node_read_ms": round(best * 1e3, 2)}
+    return {"node_bytes": len(sealed) + len(place), "roster_kb": round(len(roster) / 1024, 1),
+            "node_read_ms": round(best * 1e3, 3)}
 
 
 def measure(kind: str, n: int, procs: int, limit: float) -> dict[str, Any]:
@@ -409,7 +417,7 @@ def medians(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"host": host, "nodes": n, "runs": len(runs), "ok": len(ok),
                                "load_averages": [r.get("load_average") for r in runs]}
         for name in ("round_s", "host_cpu_round_s", "host_user_s", "host_sys_s", "crowd_cpu_s", "host_rss_mb",
-                     "sealed_kb", "node_read_ms"):
+                     "node_bytes", "roster_kb", "node_read_ms"):
             values = [r[name] for r in ok if name in r]
             if values:
                 row[name] = round(statistics.median(values), 3)
@@ -423,7 +431,8 @@ def medians(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_tables(results: list[dict[str, Any]]) -> None:
     print(f"{'host':>6} {'nodes':>6} {'round s':>8} {'best s':>7} {'host CPU s':>10} {'user/sys s':>10} "
-          f"{'crowd CPU s':>11} {'host RSS MB':>11} {'sealed KB':>9} {'node read ms':>12} {'runs ok':>7}")
+          f"{'crowd CPU s':>11} {'host RSS MB':>11} {'node B':>6} {'roster KB':>9} {'node read ms':>12} "
+          f"{'runs ok':>7}")
     for r in medians(results):
         if not r["ok"]:
             print(f"{r['host']:>6} {r['nodes']:>6} {r.get('error', 'error')}")
@@ -431,7 +440,7 @@ def print_tables(results: list[dict[str, Any]]) -> None:
         split = f"{r.get('host_user_s', 0):.2f}/{r.get('host_sys_s', 0):.2f}"
         print(f"{r['host']:>6} {r['nodes']:>6} {r['round_s']:>8.2f} {r['round_best_s']:>7.2f} "
               f"{r['host_cpu_round_s']:>10.2f} {split:>10} {r.get('crowd_cpu_s', 0):>11.2f} "
-              f"{r['host_rss_mb']:>11.1f} {r['sealed_kb']:>9.1f} {r['node_read_ms']:>12.2f} "
+              f"{r['host_rss_mb']:>11.1f} {r['node_bytes']:>6.0f} {r['roster_kb']:>9.1f} {r['node_read_ms']:>12.3f} "
               f"{r['ok']:>3}/{r['runs']:<3}")
     for s in (r for r in results if "latency_ms" in r):
         print(f"\nsteady state, {s['nodes']} nodes, {s['host']} host, {s['seconds']} s: "

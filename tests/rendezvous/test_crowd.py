@@ -45,7 +45,7 @@ def _real_handlers(server: StoreServer, run_id: str, n: int) -> list[DynamicRend
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["json", "compressed"])
 def test_a_crowd_and_real_nodes_form_one_round(monkeypatch: pytest.MonkeyPatch, compressed: bool) -> None:
-    if compressed:  # a round this size stores its record as JSON; make it take the large rounds' path
+    if compressed:  # a round this size stores its roster as JSON; make it take the large rounds' path
         monkeypatch.setattr(membership, "COMPRESS_OVER", 1024)
     n = CROWD + REAL
     run_id = f"crowd-{compressed}"
@@ -88,8 +88,9 @@ def test_a_crowd_and_real_nodes_form_one_round(monkeypatch: pytest.MonkeyPatch, 
             for info in infos:
                 assert info.group_world_size == n  # type: ignore[attr-defined]
                 assert info.local_world_sizes == []  # the real nodes did not say theirs  # type: ignore[attr-defined]
-            raw = server.store.get(RendezvousKeys(run_id).sealed(0))
+            raw = server.store.get(RendezvousKeys(run_id).roster(0))
             assert (raw[:1] == b"\x78") is compressed
+            assert server.store.get(RendezvousKeys(run_id).sealed(0))[:1] == b"{"  # small: never compressed
             # The steady load touched every node's heartbeat and status keys.
             assert set(crowd.latencies) >= {"add", "set", "check"}
         finally:
@@ -173,9 +174,10 @@ def test_a_crowd_forms_a_round_on_torchs_tcpstore() -> None:
 
 def test_the_host_serves_each_node_a_constant_number_of_requests() -> None:
     # What the round costs the store's host grows with the nodes, not faster: each node sends
-    # compare_set, add, set, a wait for and a get of the sealed record, and a wait for and a get
-    # of the master's address (group rank 0 sets it instead), as a real node does;
-    # the closer sends one multi_get and one compare_set more. A slice that ended costs a cancel
+    # compare_set, add, set, a wait for and a get of the sealed record, a get of its place, and a
+    # wait for and a get of the master's address (group rank 0 sets it instead), as a real node
+    # does; the closer sends one multi_get, two compare_sets (roster, sealed) and one multi_set
+    # (the places) more. A slice that ended costs a cancel
     # and a new wait, nothing else. Counted on the host, by request type (structure, no timings).
     n = 256
     counts: Counter[int] = Counter()
@@ -197,12 +199,13 @@ def test_the_host_serves_each_node_a_constant_number_of_requests() -> None:
     rewaits = counts[QueryType.CANCEL_WAIT]
     assert {QueryType(q): c for q, c in counts.items()} == {
         QueryType.VALIDATE: n,
-        QueryType.COMPARE_SET: n + 1,
+        QueryType.COMPARE_SET: n + 2,
         QueryType.ADD: n,
         QueryType.SET: n + 1,
         QueryType.PING: n,  # the handshake's
         QueryType.WAIT: 2 * n + rewaits,
-        QueryType.GET: 2 * n - 1,
+        QueryType.GET: 3 * n - 1,
         QueryType.MULTI_GET: 1,
+        QueryType.MULTI_SET: 1,
         **({QueryType.CANCEL_WAIT: rewaits} if rewaits else {}),
     }

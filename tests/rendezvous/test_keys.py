@@ -39,6 +39,8 @@ def test_every_key_parses_back_to_its_kind_round_and_index() -> None:
         keys.seq(4): (KeyKind.SEQ, 4, None),
         keys.node(4, 17): (KeyKind.NODE, 4, 17),
         keys.sealed(4): (KeyKind.SEALED, 4, None),
+        keys.roster(4): (KeyKind.ROSTER, 4, None),
+        keys.place(4, 17): (KeyKind.PLACE, 4, 17),
         keys.rejoin(4): (KeyKind.REJOIN, 4, None),
         keys.heartbeat(4, 0): (KeyKind.HEARTBEAT, 4, 0),
         keys.lost_count(4): (KeyKind.LOST_COUNT, 4, None),

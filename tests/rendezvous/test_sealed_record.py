@@ -41,6 +41,6 @@ def test_a_damaged_compressed_record_is_an_unreadable_value() -> None:
 
 def test_a_membership_works_out_its_addresses_from_the_record_when_asked() -> None:
     value = _sealed(3)
-    m = Membership(0, 1, list(value["ids"]), [8, 8, 8], 3, 0, value)  # type: ignore[arg-type]
+    m = Membership(0, 1, 3, 3, 0, node_id=str(value["ids"][1]), load=lambda: value)  # type: ignore[index]
     assert m.addresses[2] == ("node00002.example.com", "10.0.0.2")
-    assert Membership(0, 0, ["a_1_0"], [None], 1).addresses == ()
+    assert Membership(0, 0, 1, 1, node_id="a_1_0").addresses == ()

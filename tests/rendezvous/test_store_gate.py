@@ -133,8 +133,8 @@ def test_c10d_host_serves_only_the_participants_once_the_round_closed(
     assert server.members is None  # open while the round forms
     infos = rendezvous_all([host, client])
     assert server.members == {LOOPBACK}  # both participants come from 127.0.0.1
-    # The sealed record names each participant's addresses.
-    sealed = decode(host._ops.get(host._keys.sealed(infos[0].round)))
+    # The round's roster names each participant's addresses.
+    sealed = decode(host._ops.get(host._keys.roster(infos[0].round)))
     assert sealed["addrs"] == [["127.0.0.1"], ["127.0.0.1"]]
     # The workers' store of the round admits the participants from the start.
     rank0 = next(h for h, i in zip([host, client], infos, strict=True) if i.group_rank == 0)

@@ -57,6 +57,9 @@ log = logging.getLogger("launcher.agent")
 
 #: Seconds between membership checks at the least (see ``Agent._watch``).
 MIN_MEMBERSHIP_INTERVAL = 1.0
+#: The ``rendezvous_completed`` event lists the participants of rounds up to this size: each
+#: node would read the whole list from the store (O(N) bytes) to write it in a larger one.
+EVENT_PARTICIPANTS_MAX = 256
 
 
 class Agent:
@@ -291,9 +294,12 @@ class Agent:
         self._info = info
         self._phase = "starting the workers"
         self._stragglers.after_join(handler)  # a spare called in names the straggler it replaces
+        listed: dict[str, list[str]] = {}
+        if info.group_world_size <= EVENT_PARTICIPANTS_MAX:
+            with contextlib.suppress(RendezvousError, StoreError, OSError):  # read from the store now
+                listed["participants"] = list(info.participants)
         self._emit("rendezvous_completed", round=info.round, group_rank=info.group_rank,
-                   group_world_size=info.group_world_size, participants=list(info.participants),
-                   duration=round(time.monotonic() - started, 6))
+                   group_world_size=info.group_world_size, **listed, duration=round(time.monotonic() - started, 6))
         return info
 
     def _loop(self, handler: RendezvousHandler, pump: OutputPump, watchdog: Watchdog) -> AgentResult:

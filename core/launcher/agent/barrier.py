@@ -101,6 +101,12 @@ def exit_barrier(info: RendezvousInfo, handler: RendezvousHandler, reporter: Nod
     return None
 
 
+#: Rounds of up to this many nodes read every node's global ranks as a node reaches the exit
+#: barrier; larger ones when a node is to be named with them (see "What a node reads" in
+#: docs/rendezvous.md).
+EAGER_RANKS_MAX = 256
+
+
 class _Waiter:
     """One node's wait at the exit barrier of one round."""
 
@@ -114,8 +120,17 @@ class _Waiter:
         #: How many nodes had finished, and who they are (see ``_FOLLOW_UP_TO``), when last looked.
         self.count = 0
         self.finished: list[FinishedNode] = []
-        #: Every node's global ranks, read before anything can go (a lost node is named with them).
-        self.node_ranks = node_ranks(info, run_id)
+        # Read now, in rounds small enough, so that a node lost with the store (its host died)
+        # is still named with its ranks; in larger rounds, an O(N) read a node, only once a node
+        # is to be named (the store's host gone: "its ranks").
+        self._node_ranks = node_ranks(info, run_id) if info.group_world_size <= EAGER_RANKS_MAX else None
+
+    @property
+    def node_ranks(self) -> dict[int, range]:
+        """Every node's global ranks, by group rank (empty when they cannot be read)."""
+        if self._node_ranks is None:
+            self._node_ranks = node_ranks(self.info, self.run_id)
+        return self._node_ranks
 
     def await_done(self, timeout: float) -> AgentResult | None:
         """Wait for every node to finish: ``None`` once all have; the failed result when the job
@@ -235,4 +250,7 @@ class _Waiter:
 
 
 def _node_id(info: RendezvousInfo, group_rank: int) -> str:
-    return info.participants[group_rank] if group_rank < len(info.participants) else ""
+    try:  # another node's id is read from the store (the roster) the first time: it may be gone
+        return info.participants[group_rank] if group_rank < len(info.participants) else ""
+    except _STORE_ERRORS:
+        return ""

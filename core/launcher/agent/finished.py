@@ -171,7 +171,10 @@ def no_reform_note(finished: Iterable[FinishedNode], what: str = "a restart") ->
 def node_ranks(info: RendezvousInfo, run_id: str) -> dict[int, range]:
     """Every node's global ranks, by group rank: from the round's local world sizes, else from
     the rank exchange's records (one store call); empty when neither can be read."""
-    sizes = list(info.local_world_sizes)
+    try:
+        sizes = list(info.local_world_sizes)  # the core's rendezvous reads them now (its roster)
+    except _STORE_ERRORS:
+        return {}
     if len(sizes) != info.group_world_size and info.store is not None:
         keys = [f"launcher/{run_id}/ranks/{info.round}/node/{g}" for g in range(info.group_world_size)]
         try:

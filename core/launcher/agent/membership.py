@@ -225,7 +225,10 @@ def lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> set[str]:
     """Participants of ``previous`` that are not in ``current`` (empty when either is unknown)."""
     if not previous.participants or not current.participants:
         return set()
-    return set(previous.participants) - set(current.participants)
+    try:  # the core's rendezvous reads both lists from the store now (O(N) bytes each, once)
+        return set(previous.participants) - set(current.participants)
+    except (RendezvousError, StoreError, OSError):
+        return set()
 
 
 def heartbeat_timeout(plan: LaunchPlan) -> float:

@@ -177,6 +177,8 @@ class NodeReporter:
         def lost() -> set[int]:
             with contextlib.suppress(StoreError, RendezvousError, OSError):
                 names = set(handler.lost_nodes())
+                if not names:  # nobody lost: no need to read the participants list (O(N) bytes)
+                    return set()
                 return {g for g, node in enumerate(info.participants) if node in names}
             return set()
 

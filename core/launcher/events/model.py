@@ -71,7 +71,10 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
         "round": "rendezvous round number; grows with every re-rendezvous",
         "group_rank": "this node's rank among the participants",
         "group_world_size": "number of participating nodes",
-        "participants": "participating node names, in group-rank order",
+        "participants": (
+            "participating node names, in group-rank order; only in rounds of up to 256 nodes (each node "
+            "would read the whole list from the store to write it in a larger one)"
+        ),
         "duration": "seconds this node spent in the rendezvous",
     },
     WORKERS_STARTED: {

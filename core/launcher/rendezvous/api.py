@@ -8,7 +8,7 @@ each start of its workers, polls :meth:`~RendezvousHandler.num_nodes_waiting` an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
@@ -105,10 +105,14 @@ class RendezvousInfo:
     #: Whether workers connect to the store the agent serves (``TORCHELASTIC_USE_AGENT_STORE``).
     use_agent_store: bool = True
     round: int = 0
-    #: Node ids of every participant, in group-rank order, when the backend knows them.
-    participants: list[str] = field(default_factory=list)
-    #: Each participant's local world size, in group-rank order (for global rank offsets).
-    local_world_sizes: list[int] = field(default_factory=list)
+    #: Node ids of every participant, in group-rank order, when the backend knows them. The
+    #: core's rendezvous reads them from the store on first use (a
+    #: :class:`~launcher.rendezvous.membership.Roster`): its length and this node's own entry
+    #: (``participants[group_rank]``) cost nothing, anything more O(N) bytes, once.
+    participants: Sequence[str] = field(default_factory=list)
+    #: Each participant's local world size, in group-rank order (for global rank offsets); read
+    #: on first use like ``participants``.
+    local_world_sizes: Sequence[int] = field(default_factory=list)
 
 
 class FixedMembership:

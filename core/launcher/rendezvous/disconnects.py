@@ -98,9 +98,11 @@ class ClosedConnections:
         raw = ops.compare_set(keys.current, b"", b"0")
         if raw != str(r).encode() or not ops.check([keys.sealed(r)]):
             return  # an older round: its participants have moved on already
-        state = decode(ops.get(keys.sealed(r)))
-        ids = state.get("ids") or []
-        if state.get("state") != "sealed" or not 0 <= rank < len(ids):
+        if decode(ops.get(keys.sealed(r))).get("state") != "sealed":
+            return
+        # The round's full participants list (the store's host reads it: one node, per death).
+        ids = decode(ops.get(keys.roster(r))).get("ids") or []
+        if not 0 <= rank < len(ids):
             return
         node = str(ids[rank])
         if node in LostNodes().read(ops, keys, r):

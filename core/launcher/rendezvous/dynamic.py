@@ -22,8 +22,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 from launcher.rendezvous.api import (
     RendezvousError,
@@ -239,7 +239,7 @@ class DynamicRendezvousHandler:
             raise
         self._current = self._last = membership
         self._was_rank0 = membership.rank == 0
-        if previous is not None and len(previous.ids) > 1:
+        if previous is not None and previous.size > 1:
             # Why the previous round's missing nodes went, for the agent's "left the job" line.
             with contextlib.suppress(RendezvousError, StoreError):  # a courtesy: the round is formed
                 self._lost.read(self._ops, self._keys, previous.round)
@@ -250,7 +250,7 @@ class DynamicRendezvousHandler:
                 self._lost.read(self._ops, self._keys, membership.round - 1)
         self._reasons.update(self._lost.reasons())
         self._lost.reset()
-        if len(membership.ids) > 1:
+        if membership.size > 1:
             scheduler = self._heartbeats or shared_scheduler()
             self._watcher = RingWatcher(self._ops, self._keys, membership, self._config, self._lost.record, scheduler)
             self._watcher.start()
@@ -259,22 +259,25 @@ class DynamicRendezvousHandler:
             "rendezvous %r: round %d formed with %d nodes; this node %s is group rank %d",
             self._run_id,
             membership.round,
-            len(membership.ids),
+            membership.size,
             self._node.id,
             membership.rank,
         )
-        sizes = [s for s in membership.local_world_sizes if s is not None]
         return RendezvousInfo(
             store=RoundStore(self._ops, self._keys.agent(membership.round)),
             group_rank=membership.rank,
-            group_world_size=len(membership.ids),
+            group_world_size=membership.size,
             master_addr=master_addr,
             master_port=master_port,
             use_agent_store=True,
             round=membership.round,
-            participants=list(membership.ids),
+            # Both read from the store on first use (this node's own id needs no read): see
+            # "What a node reads" in docs/rendezvous.md.
+            participants=membership.ids,
             # Only meaningful when every node said how many workers it runs.
-            local_world_sizes=sizes if len(sizes) == len(membership.ids) else [],
+            local_world_sizes=cast("Sequence[int]", membership.local_world_sizes)
+            if membership.world_size is not None
+            else [],
         )
 
     # -- while the workers run ---------------------------------------------------------------
@@ -292,7 +295,7 @@ class DynamicRendezvousHandler:
         joiners = self._gate.new_joiners() if self._gate is not None else 0
         late = max(0, self._ops.add(self._keys.seq(m.round), joiners) - m.count)
         rejoin = self._ops.add(self._keys.rejoin(m.round), 0)
-        room = max(0, self._max - len(m.ids))
+        room = max(0, self._max - m.size)
         return rejoin + min(late, room)
 
     def lost_nodes(self) -> list[str]:
@@ -301,7 +304,7 @@ class DynamicRendezvousHandler:
         One store read per call while nothing is lost.
         """
         m = self._current
-        if m is None or len(m.ids) == 1 or self._shut_down:
+        if m is None or m.size == 1 or self._shut_down:
             return []
         return self._lost.read(self._ops, self._keys, m.round)
 
@@ -318,13 +321,15 @@ class DynamicRendezvousHandler:
         can do without it: a spare waits, or the round has more than MIN nodes; never the node
         that serves the store. ``None`` once published (``publish`` false: would be); else why not."""
         m = self._current
-        if m is None or self._shut_down or node_id not in m.ids:
+        # This node's own id needs no read of the round's participants list (a node that
+        # leaves); another node's does (a straggler put out: one node, once).
+        if m is None or self._shut_down or (node_id != m.node_id and node_id not in m.ids):
             return "it is not in this node's round"
         if node_id in self._lost.read(self._ops, self._keys, m.round):
             return None  # already out (another node's report): nothing to refuse
         if m.host_rank is not None and m.ids[m.host_rank] == node_id:
             return "it serves the rendezvous store, which the other nodes cannot do without"
-        if len(m.ids) <= self._min and self._ops.add(self._keys.seq(m.round), 0) <= m.count:
+        if m.size <= self._min and self._ops.add(self._keys.seq(m.round), 0) <= m.count:
             return f"the job would fall below its {self._min} nodes minimum and no spare waits"
         if publish:
             report_departure(self._ops, self._keys, m.round, node_id, reason)
@@ -338,7 +343,7 @@ class DynamicRendezvousHandler:
         this node is alone. The store offers it (``death_notice(run_id, round, node, rank)``)."""
         m = self._current
         notice = getattr(self._ops.store, "death_notice", None)
-        if m is None or len(m.ids) == 1 or not callable(notice):
+        if m is None or m.size == 1 or not callable(notice):
             return None
         argv = notice(self._run_id, m.round, self._node.id, m.rank)
         return list(argv) if argv else None
@@ -382,13 +387,13 @@ class DynamicRendezvousHandler:
         job the same way, unless it only waited as a spare. Raises what the store raises."""
         self._stopping = True
         m = self._current
-        if m is not None and len(m.ids) > 1 and self.put_out(self._node.id, reason) is None:
+        if m is not None and m.size > 1 and self.put_out(self._node.id, reason) is None:
             log.warning("rendezvous %r: this node leaves the job (%s); the others re-form without it",
                         self._run_id, reason)
             return True
         self._failure = reason
         self.set_closed()  # first: the others end at their next check (a departure alone would re-form)
-        if m is not None and len(m.ids) > 1:
+        if m is not None and m.size > 1:
             report_departure(self._ops, self._keys, m.round, self._node.id, reason)
         return False
 
@@ -465,7 +470,7 @@ class DynamicRendezvousHandler:
             # that their watchers do not report this node lost.
             await_departures(self._ops, self._keys, self._current, self.lost_nodes, self._config.close_timeout,
                              self._stopped)
-        elif self._is_host and self._last is not None and len(self._last.ids) > 1:
+        elif self._is_host and self._last is not None and self._last.size > 1:
             # This node left its last round and found no new one (a failed rendezvous): a node
             # of that round may still be at its exit barrier, or reporting; serve it until it left.
             last, reports = self._last, LostNodes()

@@ -11,8 +11,9 @@ Layout, below ``KEY_ROOT/<run id, URL-quoted>/``::
 
     current  closed                                    (one per job)
     <r>/open  <r>/seq  <r>/sealed  <r>/rejoin          (one per round r)
-    <r>/lost  <r>/master
-    <r>/node/<join index>  <r>/hb/<group rank>         (one per node of round r)
+    <r>/roster  <r>/lost  <r>/master
+    <r>/node/<join index>  <r>/place/<join index>      (one per node of round r)
+    <r>/hb/<group rank>
     <r>/lost/<report number>                           (one per lost-node report)
     <r>/agent/<anything>                               (the agents' own keys for round r)
 """
@@ -50,8 +51,13 @@ class KeyKind(str, enum.Enum):
     SEQ = "seq"
     #: Participant record of the node with join index ``index``.
     NODE = "node"
-    #: The outcome of round ``r`` (sealed, aborted or closed), written once.
+    #: The outcome of round ``r`` (sealed, aborted or closed), written once: a small record.
     SEALED = "sealed"
+    #: The full participants list of a sealed round ``r`` (ids, local world sizes, addresses),
+    #: written by its closer; read only by the nodes that need it.
+    ROSTER = "roster"
+    #: The place (group rank, or none) of the node with join index ``index`` in a sealed round.
+    PLACE = "place"
     #: Counter of participants that left round ``r`` to join a new one.
     REJOIN = "rejoin"
     #: Heartbeat counter of the participant with group rank ``index``.
@@ -76,11 +82,12 @@ _ROUND_KINDS = {
     "open": KeyKind.OPEN,
     "seq": KeyKind.SEQ,
     "sealed": KeyKind.SEALED,
+    "roster": KeyKind.ROSTER,
     "rejoin": KeyKind.REJOIN,
     "lost": KeyKind.LOST_COUNT,
     "master": KeyKind.MASTER,
 }
-_INDEXED_KINDS = {"node": KeyKind.NODE, "hb": KeyKind.HEARTBEAT, "lost": KeyKind.LOST}
+_INDEXED_KINDS = {"node": KeyKind.NODE, "place": KeyKind.PLACE, "hb": KeyKind.HEARTBEAT, "lost": KeyKind.LOST}
 _AGENT = "agent"
 
 
@@ -91,7 +98,8 @@ class ParsedKey:
     kind: KeyKind
     #: The round number; ``None`` for the per-job keys (``current``, ``closed``).
     round: int | None
-    #: Join index (``NODE``), group rank (``HEARTBEAT``) or report number (``LOST``); else ``None``.
+    #: Join index (``NODE``, ``PLACE``), group rank (``HEARTBEAT``) or report number (``LOST``);
+    #: else ``None``.
     index: int | None
     #: The run id, unquoted.
     run_id: str
@@ -133,6 +141,14 @@ class RendezvousKeys:
     def sealed(self, r: int) -> str:
         """``<r>/sealed``: round ``r``'s outcome."""
         return f"{self.base}/{r}/sealed"
+
+    def roster(self, r: int) -> str:
+        """``<r>/roster``: the participants of sealed round ``r``, in group-rank order."""
+        return f"{self.base}/{r}/roster"
+
+    def place(self, r: int, index: int) -> str:
+        """``<r>/place/<index>``: where the node of join index ``index`` stands in sealed round ``r``."""
+        return f"{self.base}/{r}/place/{index}"
 
     def rejoin(self, r: int) -> str:
         """``<r>/rejoin``: how many participants left round ``r`` to join a new one."""

@@ -74,6 +74,7 @@ class RingWatcher:
         self._keys = keys
         self._round = membership.round
         self._rank = membership.rank
+        # Read from the store only once a node is lost (its name): O(1) bytes until then.
         self._ids = membership.ids
         self._config = config
         self._on_lost = on_lost
@@ -86,7 +87,7 @@ class RingWatcher:
         # The first step beats at once: the c10d store ties the counter to this node's connection
         # from its first write (launcher.rendezvous.disconnects), so a death is seen from then on.
         self._next_beat = now
-        self._watched = (self._rank + 1) % len(self._ids)
+        self._watched = (self._rank + 1) % membership.size
         self._last_value: int | None = None
         self._last_change = now
         self._failing = False
@@ -141,7 +142,11 @@ class RingWatcher:
         elif value != self._last_value:
             self._last_value, self._last_change = value, now
         elif now - self._last_change > cfg.liveness_timeout:
-            lost = self._ids[self._watched]
+            try:
+                lost = self._ids[self._watched]  # the participants list is read now, once
+            except (RendezvousError, StoreError) as exc:
+                log.warning("rendezvous %r: cannot name lost group rank %d: %s", self.run_id, self._watched, exc)
+                return  # tried again at the next step
             log.warning(
                 "rendezvous %r: node %s (group rank %d) sent no heartbeat for %.1f s: lost",
                 self.run_id,
@@ -157,7 +162,7 @@ class RingWatcher:
             self._move_on(now)
 
     def _move_on(self, now: float) -> None:
-        self._watched = (self._watched + 1) % len(self._ids)
+        self._watched = (self._watched + 1) % len(self._ids)  # its length needs no read
         self._last_value, self._last_change = None, now
 
 
@@ -273,7 +278,7 @@ def await_departures(
     waited for longer than ``close_timeout`` seconds, nor, once ``stop()`` is true (this node
     is being stopped), longer than :data:`STOPPED_GRACE` from then.
     """
-    pending = [rank for rank in range(len(m.ids)) if rank != m.rank]
+    pending = [rank for rank in range(m.size) if rank != m.rank]
     deadline = time.monotonic() + close_timeout
     stopping = False
     pause = 0.01
@@ -287,10 +292,11 @@ def await_departures(
                      ops.run_id, STOPPED_GRACE)
         try:
             lost = set(lost_nodes())
+            # The participants' names are read (once) only when some node was reported lost.
             pending = [
                 rank
                 for rank in pending
-                if m.ids[rank] not in lost and not has_left(ops.add(keys.heartbeat(m.round, rank), 0))
+                if not (lost and m.ids[rank] in lost) and not has_left(ops.add(keys.heartbeat(m.round, rank), 0))
             ]
         except (RendezvousError, StoreError) as exc:
             log.warning("rendezvous %r: cannot tell whether every node has left: %s", ops.run_id, exc)

@@ -1,8 +1,11 @@
 """Who takes part in a round: node descriptors, the records nodes store, a node's membership.
 
-The values under the ``node/<i>`` and ``sealed`` keys (their layout is in "Keys" in
-docs/rendezvous.md) are JSON objects; :func:`decode` reads them back, and :class:`Membership`
-is what a node keeps of a sealed round it takes part in.
+The values under the ``node/<i>``, ``roster``, ``place/<i>`` and ``sealed`` keys (their layout
+is in "Keys" in docs/rendezvous.md) are JSON objects; :func:`decode` reads them back, and
+:class:`Membership` is what a node keeps of a sealed round it takes part in. A node learns its
+place from two small records; the round's full participants list (its ``roster``) is read from
+the store only when something asks for it (:class:`Roster`), so that a round costs each node
+O(1) bytes however many nodes it has.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import itertools
 import json
 import os
 import socket
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from launcher.rendezvous.api import RendezvousError
 
@@ -23,12 +27,17 @@ __all__ = [
     "COMPRESS_OVER",
     "Membership",
     "NodeDescriptor",
+    "Roster",
     "decode",
     "encode",
     "encode_large",
     "list_ids",
+    "places",
     "sealed_addresses",
+    "sealed_summary",
 ]
+
+T = TypeVar("T")
 
 # Node ids shown in one progress or error message, at most.
 _MAX_IDS = 16
@@ -76,32 +85,136 @@ class NodeDescriptor:
         return encode(value)
 
 
+class Roster(Sequence[T]):
+    """One column of a round's participants list (ids, local world sizes), in group-rank order,
+    read from the store on first use and kept.
+
+    Its length, and the entries in ``known`` (this node's own id at its own rank, say), need no
+    read: the store's host would send every node of a large round O(N) bytes otherwise. ``load``
+    returns the whole column; what it raises (the store is gone) reaches the caller.
+    """
+
+    def __init__(self, length: int, load: Callable[[], Sequence[T]], known: Mapping[int, T] | None = None) -> None:
+        self._length = length
+        self._load = load
+        self._known = dict(known or {})
+        self._values: list[T] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the whole column has been read."""
+        return self._values is not None
+
+    def _all(self) -> list[T]:
+        with self._lock:  # the agent's thread and the heartbeat's may ask at once: one read
+            if self._values is None:
+                values = list(self._load())
+                if len(values) != self._length:
+                    from launcher.rendezvous.api import RendezvousError
+
+                    raise RendezvousError(
+                        f"the round's participants list has {len(values)} entries, not {self._length}"
+                    )
+                self._values = values
+            return self._values
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if self._values is None and isinstance(index, int):
+            position = index + self._length if index < 0 else index
+            if position in self._known:
+                return self._known[position]
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._all())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._all()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Roster, list, tuple)):
+            return self._all() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        if self._values is None:
+            return f"Roster({self._length} entries, not read)"
+        return f"Roster({self._values!r})"
+
+
 @dataclass(frozen=True)
 class Membership:
-    """This node's place in a sealed round."""
+    """This node's place in a sealed round.
+
+    Everything but :attr:`ids`, :attr:`local_world_sizes` and :attr:`addresses` comes from the
+    round's small records (``sealed`` and this node's ``place``); those three read the round's
+    ``roster`` through ``load`` when first used (one read, kept; none for the entries already
+    known: this node's own id, the host's).
+    """
 
     round: int
     rank: int
-    ids: list[str]
-    local_world_sizes: list[int | None]
+    #: Number of participants (the group world size).
+    size: int
     #: Join indexes 1..count were considered by the closer; later ones are waiting.
     count: int
     #: Group rank of the participant that serves the store, if one does.
     host_rank: int | None = None
-    #: The round's ``sealed`` record, as read (empty: not known); :attr:`addresses` comes from it.
-    sealed: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: This node's id (at :attr:`rank`), and the id of the node at :attr:`host_rank`.
+    node_id: str = ""
+    host_id: str | None = None
+    #: This node's first global rank, and the round's world size, when every node said its
+    #: local world size (``None`` otherwise).
+    rank_offset: int | None = None
+    world_size: int | None = None
+    #: Reads the round's ``roster`` record (``None``: not known; the lists then cannot be read
+    #: past their known entries, and :attr:`addresses` is empty).
+    load: Callable[[], Mapping[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def _roster(self) -> Mapping[str, Any]:
+        return self.load() if self.load is not None else {}
+
+    def _column(self, name: str, default: Any) -> list[Any]:
+        value = self._roster.get(name)
+        return list(value) if isinstance(value, list) else [default] * len(self._roster.get("ids") or [])
+
+    @functools.cached_property
+    def ids(self) -> Roster[str]:
+        """Node ids of every participant, in group-rank order (read when first iterated)."""
+        known = {self.rank: self.node_id} if self.node_id else {}
+        if self.host_rank is not None and self.host_id:
+            known[self.host_rank] = self.host_id
+        return Roster(self.size, lambda: [str(i) for i in self._column("ids", "")], known)
+
+    @functools.cached_property
+    def local_world_sizes(self) -> Roster[int | None]:
+        """Each participant's local world size, in group-rank order (read when first used)."""
+        return Roster(self.size, lambda: self._column("lws", None))
 
     @functools.cached_property
     def addresses(self) -> tuple[tuple[str, ...], ...]:
         """Each participant's addresses, in group-rank order: its announced address, then the one
         its store connection came from when that differs (empty when the round's record is not
-        known). Worked out when first asked (by the nodes that serve a store: group rank 0 and
-        the rendezvous's host), not by every node of a large round."""
-        return sealed_addresses(self.sealed) if self.sealed else ()
+        known). Read when first asked (by the nodes that serve a store: group rank 0 and the
+        rendezvous's host), not by every node of a large round."""
+        return sealed_addresses(self._roster) if self.load is not None else ()
 
 
 #: A record longer than this (bytes of JSON) is stored zlib-compressed by :func:`encode_large`:
-#: a large round's ``sealed`` record, which every node reads (about 90 bytes per node).
+#: a large round's ``roster`` record (about 90 bytes per node).
 COMPRESS_OVER = 64 << 10
 #: The first byte of a zlib stream (deflate, 32 KiB window); no JSON text starts with it.
 _ZLIB_FIRST = 0x78
@@ -114,8 +227,8 @@ def encode(value: Any) -> bytes:
 
 def encode_large(value: Any) -> bytes:
     """``value`` as :func:`encode` writes it, zlib-compressed when longer than
-    :data:`COMPRESS_OVER`: each node of a round reads its ``sealed`` record, so the store's host
-    sends it once per node (4,096 nodes: 4,096 times about 360 KB, or 50 KB compressed)."""
+    :data:`COMPRESS_OVER`: a round's ``roster`` (4,096 nodes: about 360 KB, or 50 KB compressed),
+    which the nodes that need it read whole."""
     raw = encode(value)
     if len(raw) <= COMPRESS_OVER:
         return raw
@@ -165,3 +278,42 @@ def sealed_addresses(state: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
             return tuple(map(tuple, addrs))
         return tuple(tuple(str(a) for a in entry if a) for entry in addrs)
     return tuple((str(node).rsplit("_", 2)[0],) for node in ids)
+
+
+def sealed_summary(roster: Mapping[str, Any]) -> dict[str, Any]:
+    """The small ``sealed`` record of a round whose full record (what
+    :func:`~launcher.rendezvous.rounds.sealed_value` gives, stored as its ``roster``) is
+    ``roster``: its size, closer, host and world size, none of its lists. Every node reads it."""
+    ids = roster.get("ids") or []
+    host_rank = roster.get("hr")
+    sizes = roster.get("lws") or []
+    known = len(sizes) == len(ids) and all(isinstance(s, int) for s in sizes)
+    return {
+        "state": "sealed",
+        "count": roster.get("count"),
+        "n": len(ids),
+        "closer": roster.get("closer"),
+        "hr": host_rank,
+        "hid": ids[host_rank] if isinstance(host_rank, int) and 0 <= host_rank < len(ids) else None,
+        "ws": sum(sizes) if known else None,
+    }
+
+
+def places(roster: Mapping[str, Any]) -> list[bytes]:
+    """The ``place/<i>`` records of join indexes 1..count for a round's full record: the group
+    rank of the node with that index (and its first global rank when every local world size is
+    known), or ``{"rank": null}`` for an index the closer did not take into the round."""
+    count = int(roster.get("count") or 0)
+    indexes = roster.get("idx") or []
+    sizes = roster.get("lws") or []
+    known = len(sizes) == len(indexes) and all(isinstance(s, int) for s in sizes)
+    where: dict[int, dict[str, Any]] = {}
+    offset = 0
+    for rank, index in enumerate(indexes):
+        place: dict[str, Any] = {"rank": rank}
+        if known:
+            place["off"] = offset
+            offset += sizes[rank]
+        if isinstance(index, int):
+            where[index] = place
+    return [encode(where.get(i, {"rank": None})) for i in range(1, count + 1)]

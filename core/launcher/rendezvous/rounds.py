@@ -8,6 +8,7 @@ waits also watches for. The handler (:mod:`launcher.rendezvous.dynamic`) does th
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -25,7 +26,9 @@ from launcher.rendezvous.membership import (
     encode,
     encode_large,
     list_ids,
+    places,
     sealed_addresses,
+    sealed_summary,
 )
 from launcher.rendezvous.store_ops import ConnectionLost, StoreOps
 from launcher.store.api import StoreError, StoreTimeoutError
@@ -41,8 +44,11 @@ CLOSED = b"closed"
 def sealed_value(
     nodes: list[dict[str, Any]], count: int, min_nodes: int, *, stable_rank0: bool, closer: str
 ) -> dict[str, Any]:
-    """What a closer writes under ``<r>/sealed`` for the participant records ``nodes`` it read
-    (join indexes ``1..count``): the participants in rank order, or ``aborted`` below MIN."""
+    """The full record of a round whose closer read the participant records ``nodes`` (join
+    indexes ``1..count``; a record's ``idx``, when the closer added it, is its join index): the
+    participants in rank order, or ``aborted`` below MIN. The closer stores it as the round's
+    ``roster`` and writes its :func:`~launcher.rendezvous.membership.sealed_summary` under
+    ``<r>/sealed``."""
     if len(nodes) < min_nodes:
         return {"state": "aborted", "reason": f"only {len(nodes)} of {count} nodes announced themselves"}
     stable = stable_rank0
@@ -67,6 +73,8 @@ def sealed_value(
         "addrs": [[str(a) for a in (n.get("addr"), n.get("via")) if a] for n in nodes],
         "closer": closer,
         "hr": hosts[0] if hosts else None,
+        # Each participant's join index: which place/<i> record names its rank.
+        "idx": [n.get("idx") for n in nodes],
     }
 
 
@@ -189,7 +197,7 @@ class Rounds:
             if self.on_sealed is not None and self._ops.check([self._keys.sealed(r)]):
                 state = decode(self._ops.get(self._keys.sealed(r)))
                 if state.get("state") == "sealed":
-                    self.on_sealed(r, sealed_addresses(state))
+                    self.on_sealed(r, sealed_addresses(self._roster(r)))
             return self._wait_as_spare(r)
         self._ops.set(self._keys.node(r, index), self._record)
         log.info(
@@ -282,22 +290,59 @@ class Rounds:
         except StoreTimeoutError:
             return None
         joined = {decode(raw).get("id") for raw in records}
-        return [node for node in previous.ids if node not in joined]
+        try:  # the previous round's participants: read from its roster (O(N), this node only)
+            return [node for node in previous.ids if node not in joined]
+        except (RendezvousError, StoreError):
+            return None
 
     def _seal(self, r: int, count: int) -> None:
-        """Close round ``r`` with the nodes of join index 1..count (see "Closing a round")."""
+        """Close round ``r`` with the nodes of join index 1..count (see "Closing a round").
+
+        Writes, in this order, the round's full record (``roster``), each join index's place,
+        then the small ``sealed`` record that wakes the nodes: a node finds its place written
+        once it sees ``sealed``. Two closers (the closer and a backup) may race: the first
+        ``roster`` written wins, and both write the places and ``sealed`` of that one.
+        """
         if self._ops.check([self._keys.sealed(r)]):
             return  # closed already (by another closer, or by set_closed)
         keys = [self._keys.node(r, k) for k in range(1, count + 1)]
         try:
             records = self._ops.multi_get(keys, self._config.read_timeout)
+            present = keys
         except StoreTimeoutError:
             # A node died between taking its index and announcing itself: seal without it.
             present = [k for k in keys if self._ops.check([k])]
             records = self._ops.multi_get(present, self._config.read_timeout) if present else []
-        nodes = [decode(raw) for raw in records]
+        index_of = {key: k for k, key in enumerate(keys, start=1)}
+        nodes = []
+        for key, raw in zip(present, records, strict=True):
+            node = decode(raw)
+            node["idx"] = index_of[key]
+            nodes.append(node)
         value = sealed_value(nodes, count, self._min, stable_rank0=self._config.stable_rank0, closer=self._node.id)
-        self._ops.compare_set(self._keys.sealed(r), b"", encode_large(value))
+        if value["state"] != "sealed":
+            self._ops.compare_set(self._keys.sealed(r), b"", encode(value))
+            return
+        mine = encode_large(value)
+        stored = self._ops.compare_set(self._keys.roster(r), b"", mine)
+        if stored != mine:
+            value = decode(stored)  # another closer's, written first: seal that one
+        count = int(value.get("count") or 0)
+        if count:
+            self._ops.multi_set([self._keys.place(r, k) for k in range(1, count + 1)], places(value))
+        self._ops.compare_set(self._keys.sealed(r), b"", encode(sealed_summary(value)))
+
+    def _roster(self, r: int) -> dict[str, Any]:
+        """Round ``r``'s full record (its ``roster``): O(N) bytes, for the nodes that need it."""
+        return decode(self._ops.get(self._keys.roster(r)))
+
+    def _place(self, r: int, index: int, state: dict[str, Any]) -> dict[str, Any]:
+        """Where join index ``index`` stands in sealed round ``r`` (``state``: its ``sealed``
+        record): ``{"rank": None}`` when the closer did not take it into the round."""
+        if not 1 <= index <= int(state.get("count") or 0):
+            return {"rank": None}
+        # Written before ``sealed``: there already, so a plain read, no wait.
+        return decode(self._ops.get_present(self._keys.place(r, index)))
 
     def _after_sealed(self, r: int, index: int, deadline: float) -> Membership | int:
         state = decode(self._ops.get(self._keys.sealed(r)))
@@ -307,28 +352,31 @@ class Rounds:
         if kind == "aborted":
             log.info("rendezvous %r: round %d was abandoned (%s); trying again", self._run_id, r, state.get("reason"))
             return self._open(r + 1)
-        ids: list[str] = state["ids"]
         if self.on_sealed is not None:
-            self.on_sealed(r, sealed_addresses(state))
-        try:
-            rank = ids.index(self._node.id)
-        except ValueError:
+            self.on_sealed(r, sealed_addresses(self._roster(r)))
+        place = self._place(r, index, state)
+        rank = place.get("rank")
+        size = int(state["n"])
+        if not isinstance(rank, int):
             if index <= int(state["count"]):
                 # The closer counted this index but did not see this node's record in time:
                 # take a new index so that the running nodes see one more node waiting.
                 self._ops.add(self._keys.seq(r), 1)
-            if len(ids) >= self._max:
+            if size >= self._max:
                 return self._wait_as_spare(r)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
-        host_rank = state.get("hr")
+        host_rank, offset, world = state.get("hr"), place.get("off"), state.get("ws")
         return Membership(
             r,
             rank,
-            ids,
-            list(state.get("lws") or [None] * len(ids)),
+            size,
             int(state["count"]),
             host_rank if isinstance(host_rank, int) else None,
-            state,
+            node_id=self._node.id,
+            host_id=state.get("hid") if isinstance(state.get("hid"), str) else None,
+            rank_offset=offset if isinstance(offset, int) else None,
+            world_size=world if isinstance(world, int) else None,
+            load=functools.partial(self._roster, r),
         )
 
     def _wait_as_spare(self, r: int) -> int:
@@ -397,7 +445,7 @@ class Rounds:
         missing = self._missing(r, count, previous)
         aborted = {"state": "aborted", "reason": f"{self._node.id} timed out"}
         got = decode(self._ops.compare_set(self._keys.sealed(r), b"", encode(aborted)))
-        if got.get("state") == "sealed" and self._node.id in got.get("ids", ()):
+        if got.get("state") == "sealed" and isinstance(self._place(r, index, got).get("rank"), int):
             return self._after_sealed(r, index, deadline)  # sealed at the last moment, with this node
         if got.get("state") == "closed":
             raise self._closed_error()

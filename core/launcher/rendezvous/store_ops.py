@@ -158,9 +158,18 @@ class StoreOps:
             )
         return self.call("get", self.store.get, key, self.read_timeout)
 
+    def get_present(self, key: str) -> bytes:
+        """The value of ``key``, known to exist already (written before a key this node waited
+        for): one request, no wait first."""
+        return self.call("get", self.store.get, key, self.read_timeout)
+
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected``; the value now stored."""
         return self.call("compare_set", self.store.compare_set, key, expected, desired)
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes]) -> None:
+        """Set several keys in one request."""
+        self.call("multi_set", self.store.multi_set, list(keys), list(values))
 
     def check(self, keys: Sequence[str]) -> bool:
         """Whether every key exists, without waiting."""

@@ -102,7 +102,10 @@ class Exclusion:
         if pending is None or getattr(pending[1], "round", None) != getattr(info, "round", None):
             return
         finding = pending[0]
-        participants = list(getattr(info, "participants", []) or [])
+        try:  # read from the store now (O(N) bytes, once per verdict): it may be gone
+            participants = list(getattr(info, "participants", []) or [])
+        except Exception:
+            participants = []
         decider = next((i for i, node in enumerate(participants) if node != finding.node), None)
         put_out = getattr(handler, "put_out", None)
         reason = reason_for(finding)

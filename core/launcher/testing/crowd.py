@@ -10,16 +10,19 @@ the same order, under the real key names (:class:`~launcher.rendezvous.keys.Rend
 1. ``compare_set(current, "", "0")``; ``add(<r>/seq, 1)``; ``set(<r>/node/<i>, record)``
    (:meth:`~launcher.rendezvous.membership.NodeDescriptor.record`);
 2. the node whose index is MAX closes the round: ``multi_get`` of every record, then
-   ``compare_set(<r>/sealed, "", value)`` with :func:`~launcher.rendezvous.rounds.sealed_value`;
+   ``compare_set(<r>/roster, "", record)`` with :func:`~launcher.rendezvous.rounds.sealed_value`,
+   one ``multi_set`` of every ``<r>/place/<i>``
+   (:func:`~launcher.rendezvous.membership.places`), and ``compare_set(<r>/sealed, "", summary)``
+   (:func:`~launcher.rendezvous.membership.sealed_summary`);
 3. every node waits for ``<r>/sealed`` in slices (a wait, then a cancel, as
    :func:`~launcher.rendezvous.store_ops.wait_in_slices`, as long as
-   :func:`~launcher.rendezvous.store_ops.wait_slice_for` says), and reads it;
+   :func:`~launcher.rendezvous.store_ops.wait_slice_for` says), reads it, then reads its own
+   ``<r>/place/<i>`` (a plain get: it exists once ``sealed`` does): O(1) bytes each;
 4. group rank 0 publishes ``<r>/master``, the others read it (the workers' store).
 
-A real node then decodes the record (its own CPU, in parallel with every other node); the crowd
-decodes it once per process and checks every node's rank there, so that the simulation's CPU
-grows with the nodes, not with their square. Only rounds of ``--nnodes N:N`` (no spares, no
-last call) are simulated: the protocol's other paths are the conformance suites' subject.
+Like a real node, no node but the closer reads the round's participants list (``<r>/roster``).
+Only rounds of ``--nnodes N:N`` (no spares, no last call) are simulated: the protocol's other
+paths are the conformance suites' subject.
 
 :meth:`Crowd.steady` then runs what each node sends per interval once the workers run (the
 heartbeat ring, status records, a straggler summary), timing every request.
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
-from launcher.rendezvous.membership import NodeDescriptor, decode, encode_large
+from launcher.rendezvous.membership import NodeDescriptor, decode, encode, encode_large, places, sealed_summary
 from launcher.rendezvous.rounds import sealed_value
 from launcher.rendezvous.store_ops import wait_slice_for
 from launcher.store.protocol import VALIDATION_MAGIC, CheckResponse, QueryType, WaitResponse, encode_key
@@ -166,15 +169,23 @@ class CrowdClient:
         while not await self.wait(keys, self.wait_slice):
             pass
 
-    async def get(self, key: str) -> bytes:
-        """GET after waiting for the key, as the clients do."""
-        await self.wait_in_slices([key])
+    async def get(self, key: str, *, wait: bool = True) -> bytes:
+        """GET after waiting for the key, as the clients do (``wait`` false: a key known to
+        exist, read at once, as :meth:`~launcher.rendezvous.store_ops.StoreOps.get_present`)."""
+        if wait:
+            await self.wait_in_slices([key])
         assert self._writer is not None
         start = time.perf_counter()
         self._writer.write(_U8.pack(QueryType.GET) + _key(key))
         value = await self._blob_reply()
         self._note("get", start)
         return value
+
+    async def multi_set(self, keys: list[str], values: list[bytes]) -> None:
+        """MULTI_SET (no reply, as a real node's client)."""
+        assert self._writer is not None
+        body = b"".join(_key(k) + _blob(v) for k, v in zip(keys, values, strict=True))
+        self._writer.write(_U8.pack(QueryType.MULTI_SET) + _I64.pack(len(keys)) + body)
 
     async def multi_get(self, keys: list[str]) -> list[bytes]:
         """MULTI_GET after waiting for every key."""
@@ -245,11 +256,10 @@ class Crowd:
     async def join(self) -> float:
         """Every node joins the first round; when the last one had its place (monotonic)."""
         self.ranks = [-1] * self.count
-        sealed: list[dict[str, object]] = []
-        done = await asyncio.gather(*(self._join(k, sealed) for k in range(self.count)))
+        done = await asyncio.gather(*(self._join(k) for k in range(self.count)))
         return max(done)
 
-    async def _join(self, k: int, sealed: list[dict[str, object]]) -> float:
+    async def _join(self, k: int) -> float:
         client, me = self.clients[k], self.descriptor(self.first + k)
         r = int(await client.compare_set(self.keys.current, b"", b"0"))
         index = await client.add(self.keys.seq(r), 1)
@@ -262,18 +272,18 @@ class Crowd:
         if index == self.nodes:  # the round is full: this node closes it
             self.marks["closer_start"] = time.monotonic()
             records = await client.multi_get([self.keys.node(r, i) for i in range(1, self.nodes + 1)])
-            value = sealed_value([decode(raw) for raw in records], self.nodes, self.nodes, stable_rank0=False,
-                                 closer=me.id)
-            await client.compare_set(self.keys.sealed(r), b"", encode_large(value))
+            nodes = [{**decode(raw), "idx": i} for i, raw in enumerate(records, start=1)]
+            value = sealed_value(nodes, self.nodes, self.nodes, stable_rank0=False, closer=me.id)
+            await client.compare_set(self.keys.roster(r), b"", encode_large(value))
+            await client.multi_set([self.keys.place(r, i) for i in range(1, self.nodes + 1)], places(value))
+            await client.compare_set(self.keys.sealed(r), b"", encode(sealed_summary(value)))
             self.marks["sealed"] = time.monotonic()
-        raw = await client.get(self.keys.sealed(r))
+        state = decode(await client.get(self.keys.sealed(r)))
+        place = decode(await client.get(self.keys.place(r, index), wait=False))
         self.marks["read"] = max(self.marks.get("read", 0.0), time.monotonic())
-        if not sealed:  # the node's own decode runs on its own CPU: once per crowd here
-            state = decode(raw)
-            sealed.append({"ranks": {node: rank for rank, node in enumerate(state["ids"])}, "round": r})
-        ranks = sealed[0]["ranks"]
-        assert isinstance(ranks, dict)
-        rank = ranks[me.id]
+        rank = place["rank"]
+        if state.get("state") != "sealed" or not isinstance(rank, int):
+            raise RuntimeError(f"node {me.id} has no place in round {r}: {state}, {place}")
         self.ranks[k] = rank
         self.round = r
         if rank == 0:

@@ -136,6 +136,7 @@ def test_owned_keys_are_exactly_the_cores_per_node_keys() -> None:
     # Built with the core's own key names: this fails if the core renames them.
     keys = RendezvousKeys("job/with/slashes")
     assert owned_by_node(keys.node(3, 17)) and owned_by_node(keys.heartbeat(0, 0))
-    for shared in (keys.seq(3), keys.sealed(3), keys.current, keys.closed, keys.lost(3, 1), keys.lost_count(3),
-                   keys.rejoin(3), keys.master(3), keys.open(4), keys.agent(3) + "x"):  # fmt: skip
+    for shared in (keys.seq(3), keys.sealed(3), keys.roster(3), keys.place(3, 17), keys.current, keys.closed,
+                   keys.lost(3, 1), keys.lost_count(3), keys.rejoin(3), keys.master(3), keys.open(4),
+                   keys.agent(3) + "x"):  # fmt: skip
         assert not owned_by_node(shared), shared
