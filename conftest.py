@@ -25,5 +25,9 @@ def pytest_configure(config: pytest.Config) -> None:
             enter_private_network()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     needs.mark(items)
+    if config.getoption("worker_netns"):  # modules spread over workers: the slowest first
+        from tests.lanes import slowest_modules_first
+
+        slowest_modules_first(items)

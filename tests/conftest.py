@@ -27,8 +27,9 @@ for _signum in (signal.SIGINT, signal.SIGHUP):
 
 @pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist runs the tests in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``-n 2 --dist loadgroup`` (tox's py3 run): two lanes, see :mod:`tests.lanes`; with
-    ``--worker-netns`` (the fast lane), modules spread over workers in namespaces of their own."""
+    """``-n 2 --dist loadgroup`` (the full run without root): two lanes, see :mod:`tests.lanes`; with
+    ``--worker-netns`` (the fast lane, the full run's namespaced part), modules spread over workers in
+    namespaces of their own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from tests.lanes import PrivateNetworkScheduling, TwoLaneScheduling, private_networks_possible

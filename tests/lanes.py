@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 
+import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 #: Node-id prefixes of the tests that may run beside any other test: those in network namespaces
@@ -48,6 +49,12 @@ class TwoLaneScheduling(LoadScopeScheduling):
 class PrivateNetworkScheduling(LoadScopeScheduling):
     """Load-scope scheduling by module: each worker has a network namespace of its own."""
 
+    def _split_scope(self, nodeid: str) -> str:
+        # The module: xdist's own split (at the last "::") cut test ids whose parameters hold "::"
+        # (the bad-input corpus' "--master-addr :::") into scopes of their own, each of which ran
+        # that module's fixtures again on another worker (the corpus: 10-18 s each, four times).
+        return nodeid.split("::", 1)[0]
+
 
 @functools.cache
 def private_networks_possible() -> bool:
@@ -67,3 +74,22 @@ def enter_private_network() -> None:
         errno = ctypes.get_errno()
         raise OSError(errno, f"unshare(CLONE_NEWNET): {os.strerror(errno)}")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True, capture_output=True, timeout=30)
+
+
+def slowest_modules_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` (in place) so that the modules with the most tests of a slow need
+    (:data:`tests.needs.SLOW_NEEDS`: network namespaces, servers, jobs of torch workers) come first,
+    each module's tests kept together and in their order.
+
+    :class:`PrivateNetworkScheduling` hands modules out in collection order: a two-minute module
+    of multi-node tests handed out last kept one worker busy while the others idled (the longest
+    jobs first leaves the short ones to fill the gaps at the end).
+    """
+    from tests.needs import SLOW_NEEDS
+
+    slow: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        slow[module] = slow.get(module, 0) + any(item.get_closest_marker(need) for need in SLOW_NEEDS)
+    first_seen = {module: position for position, module in enumerate(slow)}
+    items.sort(key=lambda item: (-slow[item.nodeid.split("::", 1)[0]], first_seen[item.nodeid.split("::", 1)[0]]))
