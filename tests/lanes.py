@@ -53,7 +53,12 @@ class PrivateNetworkScheduling(LoadScopeScheduling):
         # The module: xdist's own split (at the last "::") cut test ids whose parameters hold "::"
         # (the bad-input corpus' "--master-addr :::") into scopes of their own, each of which ran
         # that module's fixtures again on another worker (the corpus: 10-18 s each, four times).
-        return nodeid.split("::", 1)[0]
+        return module_of(nodeid)
+
+
+def module_of(nodeid: str) -> str:
+    """The module part of a test id (everything before its first ``::``)."""
+    return nodeid.split("::", 1)[0]
 
 
 @functools.cache
@@ -89,7 +94,12 @@ def slowest_modules_first(items: list[pytest.Item]) -> None:
 
     slow: dict[str, int] = {}
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
+        module = module_of(item.nodeid)
         slow[module] = slow.get(module, 0) + any(item.get_closest_marker(need) for need in SLOW_NEEDS)
     first_seen = {module: position for position, module in enumerate(slow)}
-    items.sort(key=lambda item: (-slow[item.nodeid.split("::", 1)[0]], first_seen[item.nodeid.split("::", 1)[0]]))
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        module = module_of(item.nodeid)
+        return -slow[module], first_seen[module]
+
+    items.sort(key=rank)

@@ -111,8 +111,6 @@ class Roster(Sequence[T]):
             if self._values is None:
                 values = list(self._load())
                 if len(values) != self._length:
-                    from launcher.rendezvous.api import RendezvousError
-
                     raise RendezvousError(
                         f"the round's participants list has {len(values)} entries, not {self._length}"
                     )
@@ -280,14 +278,21 @@ def sealed_addresses(state: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     return tuple((str(node).rsplit("_", 2)[0],) for node in ids)
 
 
+def _local_world_sizes(roster: Mapping[str, Any]) -> list[int] | None:
+    """Every participant's local world size, in group-rank order, when each one gave it."""
+    sizes = roster.get("lws") or []
+    if len(sizes) == len(roster.get("ids") or []) and all(isinstance(s, int) for s in sizes):
+        return list(sizes)
+    return None
+
+
 def sealed_summary(roster: Mapping[str, Any]) -> dict[str, Any]:
     """The small ``sealed`` record of a round whose full record (what
     :func:`~launcher.rendezvous.rounds.sealed_value` gives, stored as its ``roster``) is
     ``roster``: its size, closer, host and world size, none of its lists. Every node reads it."""
     ids = roster.get("ids") or []
     host_rank = roster.get("hr")
-    sizes = roster.get("lws") or []
-    known = len(sizes) == len(ids) and all(isinstance(s, int) for s in sizes)
+    sizes = _local_world_sizes(roster)
     return {
         "state": "sealed",
         "count": roster.get("count"),
@@ -295,7 +300,7 @@ def sealed_summary(roster: Mapping[str, Any]) -> dict[str, Any]:
         "closer": roster.get("closer"),
         "hr": host_rank,
         "hid": ids[host_rank] if isinstance(host_rank, int) and 0 <= host_rank < len(ids) else None,
-        "ws": sum(sizes) if known else None,
+        "ws": sum(sizes) if sizes is not None else None,
     }
 
 
@@ -305,13 +310,12 @@ def places(roster: Mapping[str, Any]) -> list[bytes]:
     known), or ``{"rank": null}`` for an index the closer did not take into the round."""
     count = int(roster.get("count") or 0)
     indexes = roster.get("idx") or []
-    sizes = roster.get("lws") or []
-    known = len(sizes) == len(indexes) and all(isinstance(s, int) for s in sizes)
+    sizes = _local_world_sizes(roster)
     where: dict[int, dict[str, Any]] = {}
     offset = 0
     for rank, index in enumerate(indexes):
         place: dict[str, Any] = {"rank": rank}
-        if known:
+        if sizes is not None:
             place["off"] = offset
             offset += sizes[rank]
         if isinstance(index, int):
