@@ -6,6 +6,7 @@ backend's adapter) and over launcher's own pure-Python TCPStore server and clien
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -13,13 +14,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from launcher.rendezvous.api import RendezvousInfo
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.dynamic import DynamicRendezvousHandler
 from launcher.store.api import KeyValueStore, StoreError
+
+if TYPE_CHECKING:
+    from launcher.testing.crowd import Crowd
 
 #: Short timings: every test is bounded by a few seconds.
 FAST = {
@@ -200,6 +204,29 @@ def rendezvous_all(handlers: list[DynamicRendezvousHandler], timeout: float = PR
     pending = [Pending(h) for h in handlers]
     end = time.monotonic() + timeout
     return [p.result(max(0.0, end - time.monotonic())) for p in pending]
+
+
+def run_beside(crowd: Crowd, threads: list[threading.Thread], errors: list[BaseException], steady: float = 0.0) -> None:
+    """Run ``crowd`` through one round beside real nodes, each joining in one of ``threads``
+    (those not started yet start once the crowd is connected), then ``steady`` seconds of the
+    crowd's steady load; wait for the threads and fail with what they raised (``errors``)."""
+
+    async def simulate() -> None:
+        try:
+            await crowd.connect()
+            for thread in threads:
+                if thread.ident is None:
+                    thread.start()
+            await crowd.join()
+            if steady:
+                await crowd.steady(steady)
+        finally:
+            crowd.close()
+
+    asyncio.run(simulate())
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:

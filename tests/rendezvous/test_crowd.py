@@ -22,6 +22,8 @@ from launcher.store.protocol import QueryType
 from launcher.store.server import StoreServer
 from launcher.testing.crowd import Crowd, CrowdClient
 
+from .conftest import run_beside
+
 pytestmark = pytest.mark.timeout(300)
 
 CROWD = 300
@@ -63,21 +65,8 @@ def test_a_crowd_and_real_nodes_form_one_round(monkeypatch: pytest.MonkeyPatch, 
         threads = [threading.Thread(target=real, args=(i,), daemon=True) for i in range(REAL)]
         crowd = Crowd("127.0.0.1", server.port, run_id, nodes=n, first=0, count=CROWD)
 
-        async def simulate() -> None:
-            try:
-                await crowd.connect()
-                for thread in threads:
-                    thread.start()
-                await crowd.join()
-                await crowd.steady(1.5)
-            finally:
-                crowd.close()
-
         try:
-            asyncio.run(simulate())
-            for thread in threads:
-                thread.join(120)
-            assert not errors, errors
+            run_beside(crowd, threads, errors, steady=1.5)
             ranks = sorted(crowd.ranks + [info.group_rank for info in infos])  # type: ignore[attr-defined]
             assert ranks == list(range(n))
             participants = [info.participants for info in infos]  # type: ignore[attr-defined]

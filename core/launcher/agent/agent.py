@@ -37,7 +37,13 @@ from launcher.health.api import EXIT_NODE_SICK
 from launcher.health.gate import HealthGate, NodeSick
 from launcher.logs.pump import OutputPump
 from launcher.plugins.types import finish_logs
-from launcher.rendezvous.api import RendezvousError, RendezvousStoreError, StoreBackedHandler
+from launcher.rendezvous.api import (
+    SMALL_ROUND_MAX,
+    STORE_FAILURES,
+    RendezvousError,
+    RendezvousStoreError,
+    StoreBackedHandler,
+)
 from launcher.store.api import StoreError
 from launcher.stragglers.settings import monitor_for as straggler_monitor
 
@@ -57,9 +63,6 @@ log = logging.getLogger("launcher.agent")
 
 #: Seconds between membership checks at the least (see ``Agent._watch``).
 MIN_MEMBERSHIP_INTERVAL = 1.0
-#: The ``rendezvous_completed`` event lists the participants of rounds up to this size: each
-#: node would read the whole list from the store (O(N) bytes) to write it in a larger one.
-EVENT_PARTICIPANTS_MAX = 256
 
 
 class Agent:
@@ -295,8 +298,8 @@ class Agent:
         self._phase = "starting the workers"
         self._stragglers.after_join(handler)  # a spare called in names the straggler it replaces
         listed: dict[str, list[str]] = {}
-        if info.group_world_size <= EVENT_PARTICIPANTS_MAX:
-            with contextlib.suppress(RendezvousError, StoreError, OSError):  # read from the store now
+        if info.group_world_size <= SMALL_ROUND_MAX:  # larger: O(N) bytes a node to list them
+            with contextlib.suppress(*STORE_FAILURES):  # read from the store now
                 listed["participants"] = list(info.participants)
         self._emit("rendezvous_completed", round=info.round, group_rank=info.group_rank,
                    group_world_size=info.group_world_size, **listed, duration=round(time.monotonic() - started, 6))

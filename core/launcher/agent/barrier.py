@@ -41,9 +41,8 @@ from launcher.agent.finished import (
     reform_claimed,
 )
 from launcher.agent.reporting import store_gone
-from launcher.rendezvous.api import RendezvousError
+from launcher.rendezvous.api import SMALL_ROUND_MAX, STORE_FAILURES
 from launcher.rendezvous.store_ops import POLL_MAX
-from launcher.store.api import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.reporting import NodeReporter
@@ -56,7 +55,6 @@ __all__ = ["exit_barrier"]
 
 log = logging.getLogger("launcher.agent")
 
-_STORE_ERRORS = (StoreError, RendezvousError, OSError)
 #: Up to this many nodes, a node at the barrier reads who finished as they arrive (each record
 #: once), so that it can name the nodes lost with a store that goes away; above, it reads the
 #: records only when it needs them (a lost node, a restart), keeping the wait O(1) per second.
@@ -79,7 +77,7 @@ def exit_barrier(info: RendezvousInfo, handler: RendezvousHandler, reporter: Nod
     cannot finish any more (see the module's docstring). ``ranks``: this node's ranks, for its report.
     """
     if info.group_world_size == 1 or info.store is None:
-        with contextlib.suppress(*_STORE_ERRORS):
+        with contextlib.suppress(*STORE_FAILURES):
             handler.set_closed()
         return None
     waiter = _Waiter(info, handler, reporter, run_id, ranks or [])
@@ -95,16 +93,10 @@ def exit_barrier(info: RendezvousInfo, handler: RendezvousHandler, reporter: Nod
         log.warning("exit barrier: not every node finished within %g s (--exit-barrier-timeout); exiting anyway",
                     timeout)
         return None
-    except _STORE_ERRORS as exc:
+    except STORE_FAILURES as exc:
         return waiter.store_failed(exc)
     waiter.await_left(min(timeout, 30.0))
     return None
-
-
-#: Rounds of up to this many nodes read every node's global ranks as a node reaches the exit
-#: barrier; larger ones when a node is to be named with them (see "What a node reads" in
-#: docs/rendezvous.md).
-EAGER_RANKS_MAX = 256
 
 
 class _Waiter:
@@ -123,7 +115,7 @@ class _Waiter:
         # Read now, in rounds small enough, so that a node lost with the store (its host died)
         # is still named with its ranks; in larger rounds, an O(N) read a node, only once a node
         # is to be named (the store's host gone: "its ranks").
-        self._node_ranks = node_ranks(info, run_id) if info.group_world_size <= EAGER_RANKS_MAX else None
+        self._node_ranks = node_ranks(info, run_id) if info.group_world_size <= SMALL_ROUND_MAX else None
 
     @property
     def node_ranks(self) -> dict[int, range]:
@@ -243,7 +235,7 @@ class _Waiter:
                         return  # the others left, or finished and then vanished
                 time.sleep(min(pause, max(0.0, deadline - now)))
                 pause = min(pause * 2, POLL_MAX)
-        except _STORE_ERRORS as exc:
+        except STORE_FAILURES as exc:
             # Expected on every node but the store's host: the host may shut the store down the
             # moment the last node has said it is leaving.
             log.debug("exit barrier: store gone after every node left (%s)", exc)
@@ -252,5 +244,5 @@ class _Waiter:
 def _node_id(info: RendezvousInfo, group_rank: int) -> str:
     try:  # another node's id is read from the store (the roster) the first time: it may be gone
         return info.participants[group_rank] if group_rank < len(info.participants) else ""
-    except _STORE_ERRORS:
+    except STORE_FAILURES:
         return ""

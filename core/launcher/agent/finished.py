@@ -31,8 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.rendezvous.api import RendezvousError
-from launcher.store.api import StoreError
+from launcher.rendezvous.api import STORE_FAILURES
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.rendezvous.api import RendezvousInfo
@@ -54,8 +53,6 @@ __all__ = [
     "await_withdrawals",
 ]
 
-#: Store errors that mean "cannot tell" here: every caller has a safe answer for them.
-_STORE_ERRORS = (StoreError, RendezvousError, OSError)
 
 
 @dataclass(frozen=True)
@@ -114,7 +111,7 @@ def finished_nodes(info: RendezvousInfo, run_id: str) -> list[FinishedNode]:
         return []
     try:
         return read_finished(info.store, exit_prefix(run_id, info.round))
-    except _STORE_ERRORS:
+    except STORE_FAILURES:
         return []
 
 
@@ -128,7 +125,7 @@ def claim_reform(info: RendezvousInfo, run_id: str) -> list[FinishedNode]:
     try:
         info.store.add(f"{prefix}/reforming", 1)
         return read_finished(info.store, prefix)
-    except _STORE_ERRORS:
+    except STORE_FAILURES:
         return []
 
 
@@ -141,7 +138,7 @@ def withdraw_claim(info: RendezvousInfo, run_id: str) -> None:
     """A node whose new round was closed (by a node that had finished) has read what it needed
     from ``info``'s round: the node that closed it may stop serving the store now."""
     if info.store is not None and info.group_world_size > 1:
-        with contextlib.suppress(*_STORE_ERRORS):
+        with contextlib.suppress(*STORE_FAILURES):
             info.store.add(f"{exit_prefix(run_id, info.round)}/reforming", -1)
 
 
@@ -154,7 +151,7 @@ def await_withdrawals(store: KeyValueStore, prefix: str, timeout: float) -> bool
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)
-    except _STORE_ERRORS:
+    except STORE_FAILURES:
         return False
     return True
 
@@ -173,13 +170,13 @@ def node_ranks(info: RendezvousInfo, run_id: str) -> dict[int, range]:
     the rank exchange's records (one store call); empty when neither can be read."""
     try:
         sizes = list(info.local_world_sizes)  # the core's rendezvous reads them now (its roster)
-    except _STORE_ERRORS:
+    except STORE_FAILURES:
         return {}
     if len(sizes) != info.group_world_size and info.store is not None:
         keys = [f"launcher/{run_id}/ranks/{info.round}/node/{g}" for g in range(info.group_world_size)]
         try:
             sizes = [int(json.loads(raw)[1]) for raw in info.store.multi_get(keys, timeout=5.0)]
-        except (*_STORE_ERRORS, ValueError, KeyError, TypeError, IndexError):
+        except STORE_FAILURES + (ValueError, KeyError, TypeError, IndexError):
             return {}
     ranks, base = {}, 0
     for g, size in enumerate(sizes):

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from launcher.agent.finished import FinishedNode, claim_reform, finished_nodes, no_reform_note, withdraw_claim
 from launcher.agent.result import WatchOutcome
-from launcher.rendezvous.api import RendezvousClosedError, RendezvousError
-from launcher.store.api import StoreError
+from launcher.rendezvous.api import STORE_FAILURES, RendezvousClosedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.reporting import NodeReporter
@@ -52,7 +51,7 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
             return WatchOutcome.CLOSED
         waiting = handler.num_nodes_waiting()
         lost = handler.lost_nodes()
-    except (StoreError, RendezvousError, OSError) as exc:
+    except STORE_FAILURES as exc:
         if reporter.note_store_gone(handler):
             return WatchOutcome.STORE_GONE
         log.warning("cannot reach the rendezvous store: %s", exc)
@@ -150,7 +149,7 @@ def await_lost_nodes(handler: RendezvousHandler, plan: LaunchPlan, emit: Callabl
     while True:
         try:
             lost = handler.lost_nodes()
-        except (StoreError, RendezvousError, OSError):
+        except STORE_FAILURES:
             return False
         if lost:
             log.warning("%s; re-forming the group", _gone(handler, lost))
@@ -170,7 +169,7 @@ def regrouping_for_joiners(handler: RendezvousHandler, emit: Callable[..., None]
     """
     try:
         waiting = handler.num_nodes_waiting()
-    except (StoreError, RendezvousError, OSError):
+    except STORE_FAILURES:
         return False
     if waiting > 0:
         log.warning("workers failed while %d node(s) are waiting to join (the group is re-forming); re-forming too, "
@@ -227,7 +226,7 @@ def lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> set[str]:
         return set()
     try:  # the core's rendezvous reads both lists from the store now (O(N) bytes each, once)
         return set(previous.participants) - set(current.participants)
-    except (RendezvousError, StoreError, OSError):
+    except STORE_FAILURES:
         return set()
 
 

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.agent.result import AgentResult
 from launcher.plugins.types import run_log_dir
-from launcher.rendezvous.api import FixedMembership, RendezvousError, StoreBackedHandler
-from launcher.store.api import StoreError
+from launcher.rendezvous.api import STORE_FAILURES, FixedMembership, StoreBackedHandler
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup, WorkerSlot
@@ -163,7 +162,7 @@ class NodeReporter:
             return
         try:
             publish_outcome(info.store, outcome_prefix(self.plan.run_id, info.round), outcome)
-        except (StoreError, RendezvousError, OSError) as exc:
+        except STORE_FAILURES as exc:
             self._lost_store(handler, exc)
 
     def gather(self, info: RendezvousInfo, handler: RendezvousHandler, *, closer: bool) -> dict[int, NodeOutcome]:
@@ -175,7 +174,7 @@ class NodeReporter:
             return {}
 
         def lost() -> set[int]:
-            with contextlib.suppress(StoreError, RendezvousError, OSError):
+            with contextlib.suppress(*STORE_FAILURES):
                 names = set(handler.lost_nodes())
                 if not names:  # nobody lost: no need to read the participants list (O(N) bytes)
                     return set()
@@ -193,7 +192,7 @@ class NodeReporter:
         try:
             return collect_outcomes(info.store, outcome_prefix(self.plan.run_id, info.round),
                                     info.group_world_size, until=enough, lost=lost, timeout=timeout)
-        except (StoreError, RendezvousError, OSError) as exc:
+        except STORE_FAILURES as exc:
             self._lost_store(handler, exc)
             return {}
 
@@ -221,7 +220,7 @@ class NodeReporter:
             self.publish(info, handler, self.outcome(info, root=local.root_cause.to_dict() if local else None,
                                                      reason=reason, notes=notes))
         if closer:
-            with contextlib.suppress(StoreError, RendezvousError, OSError):
+            with contextlib.suppress(*STORE_FAILURES):
                 handler.set_closed()
         others = self.gather(info, handler, closer=closer or local is not None)
         remote = [o for g, o in others.items() if g != info.group_rank]

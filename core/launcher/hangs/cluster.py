@@ -38,8 +38,8 @@ import time
 from typing import Any
 
 from launcher.hangs.report import HangReport, NodeSummary, order_hung
-from launcher.rendezvous.api import RendezvousError
-from launcher.store.api import KeyValueStore, StoreError
+from launcher.rendezvous.api import STORE_FAILURES
+from launcher.store.api import KeyValueStore
 
 log = logging.getLogger("launcher.hangs")
 
@@ -99,7 +99,7 @@ def collect(store: KeyValueStore, base: str, world: int, timeout: float, *,
         try:
             store.wait([key], timeout=max(0.01, deadline - time.monotonic()))
             summaries.append(NodeSummary.from_dict(json.loads(store.get(key, timeout=5.0))))
-        except (StoreError, RendezvousError, OSError, ValueError) as exc:
+        except STORE_FAILURES + (ValueError,) as exc:
             log.warning("no hang summary from the node with group rank %d: %s", group_rank, exc)
             missing.append(group_rank)
     return summaries, missing
@@ -112,7 +112,7 @@ def finish(store: KeyValueStore, base: str, world: int, timeout: float) -> bool:
             store.set(f"{base}/all_read", b"1")
         store.wait([f"{base}/all_read"], timeout=timeout)
         return True
-    except (StoreError, RendezvousError, OSError) as exc:
+    except STORE_FAILURES as exc:
         log.debug("not every node read the hang summaries: %s", exc)
         return False
 
@@ -203,6 +203,6 @@ def _read(store: KeyValueStore, base: str,
           timeout: float) -> tuple[list[NodeSummary], list[int], int, str | None] | None:
     try:
         return read_merged(store, base, timeout)
-    except (StoreError, RendezvousError, OSError, ValueError, KeyError, TypeError) as exc:
+    except STORE_FAILURES + (ValueError, KeyError, TypeError) as exc:
         log.debug("no merged hang report: %s", exc)
         return None

@@ -34,8 +34,7 @@ from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_PID_ENV, HEAR
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
 from launcher.hangs.watch import HangWatch, HeartbeatTable, RankProgress
 from launcher.private_dirs import make_private_dir
-from launcher.rendezvous.api import RendezvousError
-from launcher.store.api import StoreError
+from launcher.rendezvous.api import STORE_FAILURES
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup, WorkerSlot
@@ -260,7 +259,7 @@ class HangMonitor:
                     assert self._info is not None and self._info.store is not None
                     try:
                         alarm = cluster.raise_alarm(self._info.store, self._prefix(), alarm)
-                    except (StoreError, RendezvousError, OSError) as exc:
+                    except STORE_FAILURES as exc:
                         log.warning("cannot tell the other nodes about the hang: %s", exc)
                 return self._diagnose(alarm)
         if self._multinode and now >= self._next_alarm:
@@ -268,7 +267,7 @@ class HangMonitor:
             assert self._info is not None and self._info.store is not None
             try:
                 remote = cluster.check_alarm(self._info.store, self._prefix())
-            except (StoreError, RendezvousError, OSError) as exc:
+            except STORE_FAILURES as exc:
                 log.debug("cannot look for a hang alarm: %s", exc)
                 remote = None
             if remote is not None:
@@ -467,7 +466,7 @@ class HangMonitor:
         try:
             return cluster.exchange(info.store, self._prefix(), summary, info.group_world_size,
                                     tolerance=tolerance, timeout=COLLECT_TIMEOUT)
-        except (StoreError, RendezvousError, OSError) as exc:
+        except STORE_FAILURES as exc:
             log.warning("cannot exchange hang summaries with the other nodes: %s", exc)
             return [summary], [], 0, None
 

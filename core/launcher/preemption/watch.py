@@ -34,8 +34,7 @@ from launcher.preemption.notice import FIELDS, FIELDS_OFFSET, NOTICE_FILE_ENV, N
 from launcher.preemption.report import PreemptionReport, RankEnd
 from launcher.preemption.requeue import PREEMPTION_COUNT_ENV, preemption_count
 from launcher.preemption.settings import PREEMPTED_EXIT
-from launcher.rendezvous.api import RendezvousError
-from launcher.store.api import StoreError
+from launcher.rendezvous.api import STORE_FAILURES
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
@@ -169,7 +168,7 @@ class PreemptionWatch:
             if not info.store.check([name]):
                 return False
             posted = json.loads(info.store.get(name, timeout=5.0))
-        except (StoreError, RendezvousError, OSError, ValueError) as exc:
+        except STORE_FAILURES + (ValueError,) as exc:
             log.debug("cannot look for a preemption notice: %s", exc)
             return False
         self._notify(_signal_number(posted.get("signal")), str(posted.get("node", "?")),
@@ -190,7 +189,7 @@ class PreemptionWatch:
                   "deadline": time.time() + max(0.0, self.notice.deadline - time.monotonic())}
         try:
             info.store.compare_set(key(self._plan.run_id, info.round), b"", json.dumps(posted).encode())
-        except (StoreError, RendezvousError, OSError) as exc:
+        except STORE_FAILURES as exc:
             log.warning("cannot tell the other nodes about the preemption: %s", exc)
 
     def _name(self) -> str:
@@ -290,7 +289,7 @@ class PreemptionWatch:
         if info is None or info.store is None or info.group_world_size == 1:
             return
         base = key(self._plan.run_id, info.round)
-        with contextlib.suppress(StoreError, RendezvousError, OSError):
+        with contextlib.suppress(*STORE_FAILURES):
             if info.store.add(f"{base}/done", 1) >= info.group_world_size:
                 info.store.set(f"{base}/all_done", b"1")
             info.store.wait([f"{base}/all_done"], timeout=DONE_WAIT)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from launcher.errors import LaunchError, UsageError
+from launcher.store.api import StoreError
 from launcher.values import quote, read_float, read_int
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +35,20 @@ class RendezvousTimeoutError(RendezvousError):
 class RendezvousStoreError(RendezvousError):
     """A call to the rendezvous store failed (it refused, closed or cut off the connection): the
     agent then asks whether the store is gone before writing anything more to it."""
+
+
+#: What a call to the rendezvous store raises when the store, or the way to it, fails: the
+#: store's own error, the rendezvous' (a closed or cut connection), or the socket's. Callers
+#: that catch these have a safe answer for "cannot tell".
+STORE_FAILURES: tuple[type[Exception], ...] = (StoreError, RendezvousError, OSError)
+
+
+#: Rounds of up to this many nodes are small: each node may read the whole roster (every
+#: participant's name and ranks, O(N) bytes) as soon as the round forms, for the
+#: ``rendezvous_completed`` event's participants and to name nodes at the exit barrier. In
+#: larger rounds a node reads it only when it must name another node (see "What a node reads"
+#: in docs/rendezvous.md).
+SMALL_ROUND_MAX = 256
 
 
 class RendezvousConfigError(UsageError):

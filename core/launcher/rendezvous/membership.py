@@ -173,9 +173,7 @@ class Membership:
     #: This node's id (at :attr:`rank`), and the id of the node at :attr:`host_rank`.
     node_id: str = ""
     host_id: str | None = None
-    #: This node's first global rank, and the round's world size, when every node said its
-    #: local world size (``None`` otherwise).
-    rank_offset: int | None = None
+    #: The round's world size, when every node said its local world size (``None`` otherwise).
     world_size: int | None = None
     #: Reads the round's ``roster`` record (``None``: not known; the lists then cannot be read
     #: past their known entries, and :attr:`addresses` is empty).
@@ -306,18 +304,9 @@ def sealed_summary(roster: Mapping[str, Any]) -> dict[str, Any]:
 
 def places(roster: Mapping[str, Any]) -> list[bytes]:
     """The ``place/<i>`` records of join indexes 1..count for a round's full record: the group
-    rank of the node with that index (and its first global rank when every local world size is
-    known), or ``{"rank": null}`` for an index the closer did not take into the round."""
+    rank of the node with that index, or ``{"rank": null}`` for an index the closer did not
+    take into the round. (Global ranks are not here: the agent assigns them with its role's
+    ranks, as torch does, in one O(1) exchange a node.)"""
     count = int(roster.get("count") or 0)
-    indexes = roster.get("idx") or []
-    sizes = _local_world_sizes(roster)
-    where: dict[int, dict[str, Any]] = {}
-    offset = 0
-    for rank, index in enumerate(indexes):
-        place: dict[str, Any] = {"rank": rank}
-        if sizes is not None:
-            place["off"] = offset
-            offset += sizes[rank]
-        if isinstance(index, int):
-            where[index] = place
-    return [encode(where.get(i, {"rank": None})) for i in range(1, count + 1)]
+    where = {index: rank for rank, index in enumerate(roster.get("idx") or []) if isinstance(index, int)}
+    return [encode({"rank": where.get(i)}) for i in range(1, count + 1)]

@@ -365,7 +365,7 @@ class Rounds:
             if size >= self._max:
                 return self._wait_as_spare(r)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
-        host_rank, offset, world = state.get("hr"), place.get("off"), state.get("ws")
+        host_rank, world = state.get("hr"), state.get("ws")
         return Membership(
             r,
             rank,
@@ -374,7 +374,6 @@ class Rounds:
             host_rank if isinstance(host_rank, int) else None,
             node_id=self._node.id,
             host_id=state.get("hid") if isinstance(state.get("hid"), str) else None,
-            rank_offset=offset if isinstance(offset, int) else None,
             world_size=world if isinstance(world, int) else None,
             load=functools.partial(self._roster, r),
         )
