@@ -7,13 +7,17 @@ import logging
 import time
 
 import pytest
+from launcher.agent.membership import lost_since
 from launcher.rendezvous.api import (
+    SMALL_ROUND_MAX,
     RendezvousClosedError,
     RendezvousConfigError,
+    RendezvousInfo,
     RendezvousParameters,
     RendezvousTimeoutError,
 )
 from launcher.rendezvous.dynamic import KEY_ROOT, DynamicRendezvousHandler, handler_over_store
+from launcher.rendezvous.membership import sealed_summary
 
 from .conftest import FAST, PROMPT, Cluster, Pending, rendezvous_all, wait_for
 
@@ -149,6 +153,35 @@ def test_restart_of_one_node_is_seen_by_the_others(cluster: Cluster) -> None:
     assert info_a.round == info_b.round == 1
     assert sorted([info_a.group_rank, info_b.group_rank]) == [0, 1]
     assert a.num_nodes_waiting() == b.num_nodes_waiting() == 0
+
+
+def test_a_round_names_who_left_the_round_before_without_a_roster_read(cluster: Cluster) -> None:
+    run = cluster.run_id()
+    handlers = cluster.nodes(3, run, 2, 3)
+    before = rendezvous_all(handlers)
+    assert {(i.left, i.left_count) for i in before} == {(None, 0)}  # round 0: no round before it
+    gone = handlers[2]
+    gone.shutdown()
+    after = rendezvous_all(handlers[:2])
+    assert [(i.round, i.group_world_size) for i in after] == [(1, 2), (1, 2)]
+    assert [(list(i.left or []), i.left_count) for i in after] == [([gone.node.id], 1)] * 2
+    for old, new in zip(before, after, strict=False):  # the first two: the ones that rejoined
+        assert lost_since(old, new) == ([gone.node.id], 0)
+        assert not new.participants.loaded  # type: ignore[attr-defined]  # named from `sealed` alone
+    # A round whose node missed the one before compares both lists.
+    skipped = RendezvousInfo(None, 0, 3, "", 0, round=after[0].round - 2, participants=["x", *after[0].participants])
+    assert lost_since(skipped, after[0]) == (["x"], 0)
+
+
+def test_sealed_names_at_most_so_many_of_the_nodes_that_left() -> None:
+    previous = [f"n{i}" for i in range(SMALL_ROUND_MAX + 10)]
+    summary = sealed_summary({"ids": ["n0", "kept"], "count": 2, "hr": None}, previous)
+    assert summary["nleft"] == SMALL_ROUND_MAX + 9
+    assert summary["left"] == previous[1 : SMALL_ROUND_MAX + 1]
+    assert "left" not in sealed_summary({"ids": ["n0"], "count": 1, "hr": None})
+    info = RendezvousInfo(None, 0, 2, "", 0, round=1, left=summary["left"], left_count=summary["nleft"])
+    names, unnamed = lost_since(RendezvousInfo(None, 0, 3, "", 0, round=0), info)
+    assert (len(names), unnamed) == (SMALL_ROUND_MAX, 9)
 
 
 def test_node_that_took_an_index_but_died_is_left_out(cluster: Cluster) -> None:

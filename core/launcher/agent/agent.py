@@ -327,7 +327,8 @@ class Agent:
             if previous is not None:
                 from launcher.agent.membership import lost_since, named  # only after a re-form
 
-                left = named(handler, lost_since(previous, info))
+                names, unnamed = lost_since(previous, info)
+                left = named(handler, names) + (f" and {unnamed} more" if unnamed else "")
                 if left and charged:
                     # The failure that used a restart came from a node leaving (peers' collectives
                     # break before heartbeats time out): re-forming costs no restart.

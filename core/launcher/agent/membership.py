@@ -220,14 +220,22 @@ def _gone(handler: RendezvousHandler, nodes: list[str]) -> str:
     return f"lost contact with node(s) {text}"
 
 
-def lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> set[str]:
-    """Participants of ``previous`` that are not in ``current`` (empty when either is unknown)."""
+def lost_since(previous: RendezvousInfo, current: RendezvousInfo) -> tuple[list[str], int]:
+    """Participants of ``previous`` that are not in ``current``: their names, sorted, and how
+    many more left unnamed (none and 0 when either list is unknown).
+
+    When ``current`` follows ``previous`` at once and its backend names who left (the core's
+    rendezvous does: O(1) bytes a node), that is the answer; otherwise both participant lists
+    are compared (the core's rendezvous then reads both from the store: O(N) bytes each)."""
+    if current.left is not None and current.round == previous.round + 1:
+        names = sorted(current.left)
+        return names, max(0, current.left_count - len(names))
     if not previous.participants or not current.participants:
-        return set()
-    try:  # the core's rendezvous reads both lists from the store now (O(N) bytes each, once)
-        return set(previous.participants) - set(current.participants)
+        return [], 0
+    try:
+        return sorted(set(previous.participants) - set(current.participants)), 0
     except STORE_FAILURES:
-        return set()
+        return [], 0
 
 
 def heartbeat_timeout(plan: LaunchPlan) -> float:

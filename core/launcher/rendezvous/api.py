@@ -128,6 +128,12 @@ class RendezvousInfo:
     #: Each participant's local world size, in group-rank order (for global rank offsets); read
     #: on first use like ``participants``.
     local_world_sizes: Sequence[int] = field(default_factory=list)
+    #: The nodes of round ``round - 1`` that are not in this one, when the backend knows them
+    #: without reading both rounds' lists (the core's rendezvous: the round's closer names
+    #: them, up to :data:`SMALL_ROUND_MAX`, in the small record every node reads), and how
+    #: many they are in all. ``None``: not known (the agent compares ``participants`` then).
+    left: Sequence[str] | None = None
+    left_count: int = 0
 
 
 class FixedMembership:

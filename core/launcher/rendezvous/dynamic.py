@@ -278,6 +278,8 @@ class DynamicRendezvousHandler:
             local_world_sizes=cast("Sequence[int]", membership.local_world_sizes)
             if membership.world_size is not None
             else [],
+            left=membership.left,
+            left_count=membership.left_count,
         )
 
     # -- while the workers run ---------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from launcher.rendezvous.api import RendezvousError
+from launcher.rendezvous.api import SMALL_ROUND_MAX, RendezvousError
 
 __all__ = [
     "COMPRESS_OVER",
@@ -175,6 +175,10 @@ class Membership:
     host_id: str | None = None
     #: The round's world size, when every node said its local world size (``None`` otherwise).
     world_size: int | None = None
+    #: Participants of round ``round - 1`` not in this one: some of their names (all, up to
+    #: SMALL_ROUND_MAX) and how many; ``None`` when that round did not form or is not known.
+    left: tuple[str, ...] | None = None
+    left_count: int = 0
     #: Reads the round's ``roster`` record (``None``: not known; the lists then cannot be read
     #: past their known entries, and :attr:`addresses` is empty).
     load: Callable[[], Mapping[str, Any]] | None = field(default=None, repr=False, compare=False)
@@ -284,14 +288,25 @@ def _local_world_sizes(roster: Mapping[str, Any]) -> list[int] | None:
     return None
 
 
-def sealed_summary(roster: Mapping[str, Any]) -> dict[str, Any]:
+def sealed_summary(roster: Mapping[str, Any], previous_ids: Sequence[str] | None = None) -> dict[str, Any]:
     """The small ``sealed`` record of a round whose full record (what
     :func:`~launcher.rendezvous.rounds.sealed_value` gives, stored as its ``roster``) is
-    ``roster``: its size, closer, host and world size, none of its lists. Every node reads it."""
+    ``roster``: its size, closer, host and world size, none of its lists. Every node reads it.
+
+    ``previous_ids``: the participants of the round before, when it formed: the record then
+    also says how many of them are not in this one (``nleft``) and names up to
+    :data:`~launcher.rendezvous.api.SMALL_ROUND_MAX` of them (``left``), so that no node reads
+    both rounds' lists to tell who left."""
     ids = roster.get("ids") or []
     host_rank = roster.get("hr")
     sizes = _local_world_sizes(roster)
+    left: dict[str, Any] = {}
+    if previous_ids is not None:
+        staying = set(ids)
+        gone = [node for node in previous_ids if node not in staying]
+        left = {"left": gone[:SMALL_ROUND_MAX], "nleft": len(gone)}
     return {
+        **left,
         "state": "sealed",
         "count": roster.get("count"),
         "n": len(ids),

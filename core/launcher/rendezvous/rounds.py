@@ -330,7 +330,19 @@ class Rounds:
         count = int(value.get("count") or 0)
         if count:
             self._ops.multi_set([self._keys.place(r, k) for k in range(1, count + 1)], places(value))
-        self._ops.compare_set(self._keys.sealed(r), b"", encode(sealed_summary(value)))
+        summary = sealed_summary(value, self._previous_ids(r))
+        self._ops.compare_set(self._keys.sealed(r), b"", encode(summary))
+
+    def _previous_ids(self, r: int) -> list[str] | None:
+        """The participants of round ``r - 1`` if it formed (its roster: O(N) bytes, read by the
+        closer only), so that ``sealed`` can say who left; ``None`` otherwise."""
+        if r == 0 or not self._ops.check([self._keys.roster(r - 1)]):
+            return None
+        try:
+            ids = self._roster(r - 1).get("ids")
+        except (RendezvousError, StoreError, ValueError):
+            return None
+        return [str(node) for node in ids] if isinstance(ids, list) else None
 
     def _roster(self, r: int) -> dict[str, Any]:
         """Round ``r``'s full record (its ``roster``): O(N) bytes, for the nodes that need it."""
@@ -365,7 +377,7 @@ class Rounds:
             if size >= self._max:
                 return self._wait_as_spare(r)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
-        host_rank, world = state.get("hr"), state.get("ws")
+        host_rank, world, left = state.get("hr"), state.get("ws"), state.get("left")
         return Membership(
             r,
             rank,
@@ -375,6 +387,8 @@ class Rounds:
             node_id=self._node.id,
             host_id=state.get("hid") if isinstance(state.get("hid"), str) else None,
             world_size=world if isinstance(world, int) else None,
+            left=tuple(str(node) for node in left) if isinstance(left, list) else None,
+            left_count=int(state.get("nleft") or 0),
             load=functools.partial(self._roster, r),
         )
 

@@ -5,8 +5,9 @@ a verdict names ranks (held for two windows: the tracker's hysteresis), the moni
 :meth:`Exclusion.propose` the node of the worst of them; the agent's main loop, at its next
 membership check, calls :meth:`Exclusion.act`:
 
-* exactly one node decides: the lowest group rank other than the straggler's node (every node
-  knows the round's ranks, so no two decide);
+* exactly one node decides: the lowest group rank other than the straggler's node, i.e. group
+  rank 0, or 1 when 0 is the straggler's (so only group rank 1 may need the round's roster to
+  tell, and no two decide);
 * it asks the rendezvous to put the node out (:meth:`DynamicRendezvousHandler.put_out
   <launcher.rendezvous.dynamic.DynamicRendezvousHandler.put_out>`), which publishes a departure
   with the reason ``straggler: rank 3 1.31x the median rank ...`` through the one re-forming path
@@ -70,6 +71,24 @@ def _own_id(handler: Any) -> str | None:
     return getattr(node, "id", None)
 
 
+def _decides(info: Any, straggler: str) -> bool:
+    """Whether this node is the one that decides: the lowest group rank whose node is not
+    ``straggler``, i.e. group rank 0, or 1 when 0 is the straggler's. Group ranks 2 and up answer
+    without reading anything; group rank 0 knows its own name; only group rank 1 may read the
+    roster (to name group rank 0), so a verdict costs the store O(N) bytes once, not on every node."""
+    rank = getattr(info, "group_rank", -1)
+    if rank not in (0, 1):
+        return False
+    try:  # the core's rendezvous: its own name is known, another's is read from the store now
+        participants = getattr(info, "participants", None) or []
+        if len(participants) < 2:
+            return False
+        first_is_straggler = participants[0] == straggler
+    except Exception:  # the store may be gone: nobody decides, and the straggler stays reported
+        return False
+    return rank == (1 if first_is_straggler else 0)
+
+
 class Exclusion:
     """One agent's share of ``--straggler-action exclude`` (see the module docstring)."""
 
@@ -102,11 +121,7 @@ class Exclusion:
         if pending is None or getattr(pending[1], "round", None) != getattr(info, "round", None):
             return
         finding = pending[0]
-        try:  # read from the store now (O(N) bytes, once per verdict): it may be gone
-            participants = list(getattr(info, "participants", []) or [])
-        except Exception:
-            participants = []
-        decider = next((i for i, node in enumerate(participants) if node != finding.node), None)
+        decides = _decides(info, finding.node)
         put_out = getattr(handler, "put_out", None)
         reason = reason_for(finding)
         try:
@@ -115,13 +130,13 @@ class Exclusion:
             elif not callable(put_out):
                 why = "this rendezvous backend cannot re-form the job without a node"
             else:
-                why = put_out(finding.node, reason, publish=decider == info.group_rank)
+                why = put_out(finding.node, reason, publish=decides)
         except Exception as exc:  # the store: the straggler stays reported
             why = f"the rendezvous store did not answer ({exc})"
         if why is not None:
             self._say([f"launcher: straggler not excluded: node {finding.node} (rank {finding.rank}, "
                        f"{finding.ratio:.2f}x slower than the median rank) stays in the job: {why}"])
-        elif decider == info.group_rank:
+        elif decides:
             log.info("putting node %s out of the job: %s", finding.node, reason)
 
     def before_join(self, handler: Any) -> None:
