@@ -157,7 +157,8 @@ def test_restart_of_one_node_is_seen_by_the_others(cluster: Cluster) -> None:
 
 def test_a_round_names_who_left_the_round_before_without_a_roster_read(cluster: Cluster) -> None:
     run = cluster.run_id()
-    handlers = cluster.nodes(3, run, 2, 3)
+    # A heartbeat timeout no loaded machine reaches: a node reported lost would read the roster.
+    handlers = cluster.nodes(3, run, 2, 3, heartbeat_timeout=30.0, keep_alive_interval=1.0)
     before = rendezvous_all(handlers)
     assert {(i.left, i.left_count) for i in before} == {(None, 0)}  # round 0: no round before it
     gone = handlers[2]
