@@ -336,11 +336,12 @@ class Rounds:
     def _previous_ids(self, r: int) -> list[str] | None:
         """The participants of round ``r - 1`` if it formed (its roster: O(N) bytes, read by the
         closer only), so that ``sealed`` can say who left; ``None`` otherwise."""
-        if r == 0 or not self._ops.check([self._keys.roster(r - 1)]):
+        key = self._keys.roster(r - 1)
+        if r == 0 or not self._ops.check([key]):
             return None
-        try:
-            ids = self._roster(r - 1).get("ids")
-        except (RendezvousError, StoreError, ValueError):
+        try:  # there: a plain read, no wait
+            ids = decode(self._ops.get_present(key)).get("ids")
+        except (RendezvousError, StoreError):
             return None
         return [str(node) for node in ids] if isinstance(ids, list) else None
 
