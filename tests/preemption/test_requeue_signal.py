@@ -49,7 +49,8 @@ def test_slurms_stop_during_the_requeue_waits_for_the_requeued_line(tmp_path: Pa
         if agent.poll() is None:
             agent.kill()
             agent.communicate()
-    assert (bin_dir / "scontrol.calls").read_text() == "requeue\n", output
+    calls = bin_dir / "scontrol.calls"
+    assert calls.exists() and calls.read_text() == "requeue\n", output
     lines = output.splitlines()
     requeued = [i for i, line in enumerate(lines) if "requeued Slurm job 42 (restart 1)" in line]
     hurried = [i for i, line in enumerate(lines) if "received SIGTERM again: exiting at once (143)" in line]
