@@ -31,7 +31,7 @@ from launcher.store.server import StoreServer
 
 pytestmark = pytest.mark.timeout(30)
 
-PLAN = SimpleNamespace(run_id="job", node="host-a", local_addr="10.0.0.1", logs_specs=None,
+PLAN = SimpleNamespace(run_id="job", node="host-a", local_addr="10.0.0.1", logs_specs=None, role="default",
                        rendezvous=SimpleNamespace(setting=lambda key: "60"))
 
 
@@ -166,6 +166,66 @@ def test_the_job_closed_elsewhere_fails_the_finished_node_with_the_other_nodes_c
     assert result is not None and result.exit_code == 1
     assert "the job was ended by host-b (node 1, 10.0.0.2): its agent received SIGTERM" in result.message
     assert "a note for every node" in result.message
+
+
+class SilentHandler(Handler):
+    """A rendezvous that says why its lost nodes are gone (as the core's does)."""
+
+    def __init__(self, lost: list[str], why: str) -> None:
+        super().__init__(lost)
+        self.why = why
+
+    def departures(self) -> dict[str, str]:
+        return {node: self.why for node in self.lost}
+
+
+def test_a_node_lost_by_heartbeat_silence_that_comes_back_and_finishes_fails_nobody(
+        server: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 45: node b's agent was paused (SIGSTOP) while its workers trained on and finished:
+    its heartbeats stopped, so it is reported lost with a heartbeat timeout. Node a waits for it
+    rather than fail a job whose workers all succeeded; once b runs again and says it finished,
+    a succeeds."""
+    caplog.set_level(logging.WARNING, logger="launcher.agent")
+
+    def b_continues() -> None:
+        time.sleep(2.5)  # over two of the barrier's once-a-second looks: it saw b lost and waited
+        _node_b(server.store)
+        server.store.set(f"{exit_prefix('job', 3)}/done", b"1")  # b arrived last (launcher.agent.barrier)
+
+    thread = threading.Thread(target=b_continues)
+    thread.start()
+    started = time.monotonic()
+    result = exit_barrier(_info(server.store), SilentHandler(["b_2_0"], "heartbeat timeout"), _reporter(),  # type: ignore[arg-type]
+                          run_id="job", timeout=20)
+    thread.join()
+    assert result is None, result.message if result else ""
+    assert 2.0 < time.monotonic() - started < 15
+    assert "node 1 (b_2_0) sent no heartbeat within the heartbeat timeout and has not finished: waiting" in caplog.text
+    assert caplog.text.count("sent no heartbeat") == 1, "said once, not at every look"
+
+
+def test_a_node_lost_by_heartbeat_silence_that_never_comes_back_fails_the_job_at_the_timeout(
+        server: StoreServer) -> None:
+    """Its ranks are not known to have finished: at --exit-barrier-timeout the job fails, naming
+    it (never the success a slow but live node gets at the timeout)."""
+    started = time.monotonic()
+    result = exit_barrier(_info(server.store), SilentHandler(["b_2_0"], "heartbeat timeout"), _reporter(),  # type: ignore[arg-type]
+                          run_id="job", timeout=2)
+    assert result is not None and result.exit_code == 1
+    assert time.monotonic() - started >= 2
+    assert ("node 1 (b_2_0) was lost before it finished (no heartbeat, and it did not come back within "
+            "--exit-barrier-timeout): ranks 2-3 did not finish") in result.message, result.message
+
+
+def test_a_node_whose_agent_died_is_not_waited_for(server: StoreServer) -> None:
+    """A closed connection is a certain death (its workers die with its agent): no wait."""
+    started = time.monotonic()
+    result = exit_barrier(_info(server.store), SilentHandler(["b_2_0"], "agent process died"), _reporter(),  # type: ignore[arg-type]
+                          run_id="job", timeout=20)
+    assert result is not None and result.exit_code == 1
+    assert time.monotonic() - started < 10
+    assert "node 1 (b_2_0) was lost before it finished (agent process died): ranks 2-3 did not finish" \
+        in result.message, result.message
 
 
 class FailingStore:

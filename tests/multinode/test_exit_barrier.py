@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -284,6 +285,54 @@ def test_a_node_that_finished_and_then_vanished_fails_nobody(make_network, start
     assert "re-forming" not in text and "Root cause" not in text, agents[0].describe(80)
     assert re.search(r"finished, then left or were lost", text), agents[0].describe(80)
     assert agents[0].elapsed < BOUND, agents[0].describe(80)
+
+
+def running_workers(host, agent) -> list[int]:
+    """The pids of ``ENDING`` workers still running inside ``host`` (not zombies; not the agent,
+    whose command line names the script too)."""
+    pids = []
+    for pid in host.pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if pid != agent.pid and b"ending_worker" in cmdline and b"_watchdog_main" not in cmdline and state != "Z":
+            pids.append(pid)
+    return pids
+
+
+@pytest.mark.timeout(180)
+def test_an_agent_paused_while_its_workers_finish_fails_nobody(make_network, start_agent):
+    """Issue 45: node 1's agent is paused (SIGSTOP: a frozen VM or cgroup) while its workers run
+    on; they finish while it is paused, and node 0, waiting at its barrier, finds node 1 lost by
+    its heartbeat timeout. Node 0 waits for it instead of failing the job; once node 1 runs again
+    it reaps its workers' exits 0, says it finished, and both nodes exit 0."""
+    net = make_network(2)
+    port = free_port(net[0])
+    env = {"MN_RUN": "0:0,1:0,*:4", **STORE_GROUP}
+    agents = [start_agent(net[i], c10d_args(net, i, port, "paused-agent"), name=f"node{i}", env=env)
+              for i in (0, 1)]
+    wait_until(lambda: (AT_BARRIER in agents[0].stderr and running_workers(net[1], agents[1]))
+               or any(a.poll() is not None for a in agents), 90,
+               "node 0 to wait at its exit barrier while node 1's workers run", on_timeout=lambda: logs(agents))
+    assert all(a.poll() is None for a in agents), logs(agents)
+    os.kill(agents[1].pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: "sent no heartbeat" in agents[0].stderr or agents[0].poll() is not None, 60,
+                   "node 0 to find node 1 silent", on_timeout=lambda: logs(agents))
+        wait_until(lambda: not running_workers(net[1], agents[1]), 60,
+                   "node 1's workers to end while its agent is paused",
+                   on_timeout=lambda: f"{logs(agents)}\nstill running: {running_workers(net[1], agents[1])}")
+        time.sleep(1.0)  # node 0 looks once a second: it must have seen node 1 lost and kept waiting
+        assert agents[0].poll() is None, logs(agents)
+    finally:
+        os.kill(agents[1].pid, signal.SIGCONT)
+    assert wait_all(agents, BOUND, expect=None) == [0, 0], logs(agents)
+    text = own_lines(agents[0].stderr)
+    assert re.search(r"node 1 \([^)]*\) sent no heartbeat within the heartbeat timeout and has not finished", text), \
+        agents[0].describe(80)
+    assert "Root cause" not in text and "was lost before it finished" not in text, agents[0].describe(80)
 
 
 # -- etcd: the same endings, the store a real etcd in a third host ---------------------------------

@@ -190,3 +190,124 @@ def test_spare_replaces_a_killed_agent_at_once_etcd(make_network, start_agent, t
     took = resumed_after(state, killed_at)
     assert took is not None and took < 40, logs(agents)
     print(f"etcd: the spare's group finished a step {took:.1f} s after the kill (heartbeat_timeout=60)")
+
+
+# -- a spare that arrives after the round formed (no secret): it waits, counted, told the end ---
+
+#: The late agent's line, at once, when the closed round's store refuses it (launcher.store.connection).
+LATE_SPARE_LINE = "this node waits as a spare"
+
+
+def late_args(net, index: int, state: Path, run_id: str) -> list[str]:
+    """``--nnodes 2:3``, one gated rank a node (``scripts/gated_worker.py``: the job runs until
+    the test lets it finish), c10d on node 0, no secret; re-forming allowed."""
+    from tests.multinode.test_store_admission import CONF
+    from tests.multinode.test_store_admission import args as gated_args
+
+    argv = gated_args(net, index, state, run_id, nnodes="2:3", conf=CONF.replace("last_call_timeout=1",
+                                                                               "last_call_timeout=3"))
+    argv[argv.index("--max-restarts") + 1] = "3"
+    return argv
+
+
+def start_late_spare(make_network, start_agent, tmp_path: Path, run_id: str):
+    """Three agents in a round of three with their workers running, then a fourth that the
+    closed round's store refuses: it must say at once that it waits as a spare."""
+    from tests.multinode.test_store_admission import wait_ready
+
+    net = make_network(4)
+    state = tmp_path / "state"
+    state.mkdir()
+    agents = [start_agent(net[i], late_args(net, i, state, run_id), name=f"node{i}") for i in range(3)]
+    wait_ready(state, 3, agents)  # the round formed and sealed, and its workers run
+    agents.append(start_agent(net[3], late_args(net, 3, state, run_id), name="late"))
+    wait_until(lambda: LATE_SPARE_LINE in agents[3].stderr, 30, "the late agent to say it waits as a spare",
+               on_timeout=lambda: logs(agents))
+    # Counted by the store's host as a node waiting to join (its refusals are knocks), but the
+    # round is full: nobody re-forms for it.
+    assert "round 1" not in agents[0].stderr, agents[0].describe(60)
+    return net, state, agents
+
+
+@pytest.mark.timeout(120)
+def test_a_spare_that_arrives_after_the_round_formed_is_told_the_job_ended(make_network, start_agent, tmp_path):
+    """The issue's spare: refused by the store of a running 3-node round (no secret), it waits,
+    and when the job finishes it learns so and exits 0 like the nodes of the job."""
+    net, state, agents = start_late_spare(make_network, start_agent, tmp_path, "late-spare")
+    (state / "go").touch()
+    wait_all(agents, 60)  # every agent, the late spare too, exits 0
+    assert "rank 0 of 3 all_reduce ok 6" in "".join(a.stdout for a in agents), logs(agents)
+    late = agents[3]
+    assert "the job has ended" in late.stderr and "exiting 0" in late.stderr, late.describe(60)
+    assert "could not connect" not in late.stderr and "rendezvous failed" not in late.stderr, late.describe(60)
+
+
+@pytest.mark.timeout(150)
+def test_a_spare_that_arrives_after_the_round_formed_replaces_a_killed_node(make_network, start_agent, tmp_path):
+    """The same late spare is the one the job takes when a training node's agent is SIGKILLed:
+    the survivors re-form with it (three nodes again) and finish."""
+    net, state, agents = start_late_spare(make_network, start_agent, tmp_path, "late-spare-kill")
+    (state / "ready-3").unlink()
+    victim = 2 if "is group rank 0" not in agents[2].stderr else 1  # neither the store's host
+    agents[victim].kill()
+    from tests.multinode.test_store_admission import wait_ready
+
+    survivors = [a for i, a in enumerate(agents) if i != victim]
+    wait_ready(state, 3, survivors)  # a group of three again: the late spare took the place
+    (state / "go").touch()
+    wait_all(survivors, 60, context=agents)
+    late = agents[3]
+    assert re.search(r"round \d+ formed with 3 nodes", late.stderr), late.describe(60)
+    assert "rank 0 of 3 all_reduce ok 6" in "".join(a.stdout for a in survivors), logs(agents)
+
+
+@pytest.mark.timeout(150)
+def test_a_spare_with_the_secret_exits_0_when_the_job_ends_without_it(make_network, start_agent, tmp_path):
+    """With a secret, the late spare waits inside the store (today's path); the job finishes
+    without needing it, and it exits 0 as well, saying so."""
+    net, state, agents = start_with_spare(make_network, start_agent, tmp_path, heartbeat_timeout=60)
+    wait_all(agents, 90)
+    check_history(state, STEPS, [4])
+    spare = agents[2]
+    assert "this node only waited as a spare, and was not needed" in spare.stderr, spare.describe(60)
+    assert "exiting 0" in spare.stderr and "rendezvous failed" not in spare.stderr, spare.describe(60)
+
+
+@pytest.mark.timeout(150)
+def test_three_agents_started_at_once_without_a_secret_the_unneeded_spare_exits_0(make_network, start_agent,
+                                                                                   tmp_path):
+    """Default admission (no secret), nobody lost: the spare that the closed round's store cut off
+    (or refused from the start) asks as a spare until the job ends, then exits 0 saying so."""
+    net = make_network(3)
+    state = tmp_path / "state"
+    state.mkdir()
+    agents = [start_agent(net[i], spare_args(net, i, state, heartbeat_timeout=60)) for i in range(3)]
+    wait_all(agents, 90)
+    check_history(state, STEPS, [4])
+    formed = [i for i in range(3) if "round 0 formed" in agents[i].stderr]
+    assert len(formed) == 2, logs(agents)
+    (spare,) = set(range(3)) - set(formed)
+    assert "was not needed" in agents[spare].stderr, agents[spare].describe(60)
+    assert "exiting 0" in agents[spare].stderr, agents[spare].describe(60)
+
+
+@pytest.mark.timeout(150)
+def test_a_late_spare_replaces_a_cut_off_node_and_the_job_finishes(make_network, start_agent, tmp_path):
+    """The issue's second row: a training node's link is cut (no connection closes); its
+    heartbeat times out (3 s), the survivors re-form with the late spare and finish; the spare
+    exits 0 like them, and the node that was cut off ends too once its link is back."""
+    from tests.multinode.test_store_admission import wait_ready
+
+    net, state, agents = start_late_spare(make_network, start_agent, tmp_path, "late-spare-cut")
+    (state / "ready-3").unlink()
+    victim = 2 if "is group rank 0" not in agents[2].stderr else 1
+    net[victim].cut()
+    survivors = [a for i, a in enumerate(agents) if i != victim]
+    try:
+        wait_ready(state, 3, survivors)  # the late spare took the cut node's place
+    finally:
+        net[victim].restore()
+    (state / "go").touch()
+    wait_all(survivors, 60, context=agents)
+    assert re.search(r"round \d+ formed with 3 nodes", agents[3].stderr), agents[3].describe(60)
+    wait_all([agents[victim]], 60, expect=None, context=agents)  # cut off: its exit status is its own

@@ -43,7 +43,7 @@ def test_a_report_keeps_the_node_and_why_and_reads_a_bare_id() -> None:
 def test_the_server_reports_the_keys_a_closed_connection_wrote_last() -> None:
     closed: list[list[str]] = []
     with StoreServer() as server:
-        server.on_writer_closed(lambda key: key.startswith("hb/"), closed.append)
+        server.on_writer_closed(lambda key: key.startswith("hb/"), lambda keys, _unreachable: closed.append(keys))
         a = TCPStoreClient(server.host, server.port, timeout=10)
         b = TCPStoreClient(server.host, server.port, timeout=10)
         a.add("hb/0", 1)

@@ -120,6 +120,11 @@ for line in sys.stdin:
         print(",".join(sorted(map(str, server.knocking()))) or "-", flush=True)
     elif cmd == "has":
         print(server.store.check([arg]), flush=True)
+    elif cmd == "end":  # the job's rendezvous is closed (launcher.rendezvous.dynamic: set_closed)
+        server.end_job()
+        print("ok", flush=True)
+    elif cmd == "spares":
+        print(",".join(sorted(map(str, server.untold_spares()))) or "-", flush=True)
 server.close()
 """
 

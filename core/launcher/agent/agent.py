@@ -209,15 +209,22 @@ class Agent:
             except SignalReceived as exc:
                 result = self._stopped(exc.signum)
             except (RendezvousError, StoreError) as exc:
+                from launcher.rendezvous.dynamic import SpareNotNeeded  # only once a rendezvous ended
+
                 report = self._report
-                if isinstance(exc, (StoreError, RendezvousStoreError)) and report.store_note is None:
-                    # A store that refuses or cut this node off is not written to on the way out
-                    # (each write would wait out a connect timeout); a passing hiccup is.
-                    report.note_store_gone(self._handler_used)
-                if report.last_ranks and report.group_rank is not None:
-                    report.log_ranks(report.last_ranks)
-                result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
-                self._emit("job_failed", reason=result.message)
+                if isinstance(exc, SpareNotNeeded):
+                    # A spare has no part in the job: the job's end is no failure of this node.
+                    log.warning("%s; exiting 0 (the nodes of the job report how it ended)", exc)
+                    result = AgentResult(exit_code=0, message=str(exc))
+                else:
+                    if isinstance(exc, (StoreError, RendezvousStoreError)) and report.store_note is None:
+                        # A store that refuses or cut this node off is not written to on the way out
+                        # (each write would wait out a connect timeout); a passing hiccup is.
+                        report.note_store_gone(self._handler_used)
+                    if report.last_ranks and report.group_rank is not None:
+                        report.log_ranks(report.last_ranks)
+                    result = AgentResult(exit_code=1, message=f"rendezvous failed: {exc}")
+                    self._emit("job_failed", reason=result.message)
         if result.exit_code == 0 and self._signals.received is not None:
             # Stopped after the job had succeeded here (serving the store until the others left).
             result = AgentResult(exit_code=128 + self._signals.received,
@@ -318,12 +325,16 @@ class Agent:
             try:
                 info = self._rendezvous(handler)
             except (RendezvousError, StoreError) as exc:
+                absorbed = self._finished_without_this_node(handler, exc, previous)
+                if absorbed is not None:
+                    return absorbed
                 if pending is None:
                     raise
                 from launcher.agent.membership import restart_closed
 
                 return restart_closed(report, handler, *pending, exc, self._emit, plan.run_id, self._oom_watch)
             pending = None
+            report.pending_hang = None
             if previous is not None:
                 from launcher.agent.membership import lost_since, named  # only after a re-form
 
@@ -425,6 +436,7 @@ class Agent:
                     charged = True
                     self._recovery.record(group, self._restart_count, remaining_restarts, plan.max_restarts, hang)
                     pending = (info, kept[0], kept[1]) if multi else None
+                    report.pending_hang = hang if multi else None  # reported if the restart cannot happen
                     continue
             failures, ranks = self._stop_failed(group, failed)
             if self._hangs is not None:
@@ -438,6 +450,7 @@ class Agent:
                                      oom_watch=self._oom_watch,
                                      what="a restart" if remaining_restarts > 0 else None)
             pending = (info, failures, ranks) if multi else None
+            report.pending_hang = hang if multi else None  # reported if the restart cannot happen
             if hang is None and multi and await_lost_nodes(handler, plan, self._emit, info, grace=0.0):
                 continue  # a node another node already found lost broke the collectives: no restart counted
             if hang is None and multi and regrouping_for_joiners(handler, self._emit):
@@ -460,6 +473,29 @@ class Agent:
                                        oom_watch=self._oom_watch, notes=[note] if note else [])
             self._emit("job_failed", reason="hang" if hang is not None else "worker failure", failures=len(failures))
             return result
+
+    def _finished_without_this_node(self, handler: RendezvousHandler, exc: BaseException,
+                                    previous: RendezvousInfo | None) -> AgentResult | None:
+        """Exit 0 when the job was closed because it finished on every node of a round this node
+        was left out of (it re-formed too late, after its worker failed or hung, or after it was
+        cut off and came back): the job absorbed this node's trouble, and a scheduler must not
+        count the finished job as failed because of it. ``None`` otherwise."""
+        from launcher.rendezvous.api import RendezvousClosedError
+
+        if previous is None or not isinstance(exc, RendezvousClosedError):
+            return None
+        from launcher.agent.finished import await_final_round_left, job_succeeded
+
+        final = job_succeeded(handler, self.plan.run_id)
+        if final is None or final <= previous.round:
+            return None
+        message = (f"the job finished in round {final} without this node (it took part up to round "
+                   f"{previous.round}; what happened to it there was absorbed by the job)")
+        log.warning("%s; exiting 0", message)
+        # This node may serve the store (c10d's host): the round's nodes are still leaving it.
+        await_final_round_left(handler, self.plan.run_id, final, min(self.plan.exit_barrier_timeout, 30.0))
+        self._emit("job_succeeded", restart_count=self._restart_count, in_place_recoveries=self.recoveries_in_place)
+        return AgentResult(exit_code=0, message=message)
 
     def _recover_in_place(self, group: WorkerGroup, failed: list[WorkerSlot], info: RendezvousInfo,
                           handler: RendezvousHandler, restarts_left: int | None, hang: HangReport | None = None

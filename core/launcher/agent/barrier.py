@@ -12,9 +12,18 @@ non-zero with the reason, when it learns (once a second) that the job cannot fin
   root cause, read from its record (:mod:`launcher.agent.outcome`);
 - a node of the round is leaving it for another round (a restart), which this node will not
   join (:mod:`launcher.agent.finished`): this node ends the job, naming the failure;
-- a node that had not finished is lost (its heartbeats stopped): its ranks will never finish;
-  a node that finished and then vanished is not waited for, and fails nobody;
+- a node that had not finished is gone for certain (its agent's store connection closed, or its
+  host stopped answering at the network level: see :mod:`launcher.rendezvous.disconnects`): its
+  ranks will never finish; a node that finished and then vanished is not waited for, and fails
+  nobody;
 - the store is gone (its host died, or the link to it was cut) before every node had finished.
+
+A node whose heartbeats only stopped (``heartbeat timeout``, nothing else known) is not taken for
+dead here: a paused agent (SIGSTOP, a frozen cgroup or VM, swap) stops beating while its workers
+train on and finish, and it says so at the barrier once it runs again. Failing the job for it
+would turn a finished job into a failed one on every node. So such a node is waited for, up to
+``--exit-barrier-timeout``, like a slow one; if it has not finished by then, the job fails, naming
+it (a silent node's ranks are not known to have finished, so this is never a success).
 
 The waits poll (short ``check`` calls, pauses in between) rather than block on the store: the
 connection is shared with this node's heartbeat thread, which must keep beating while the node
@@ -35,6 +44,7 @@ from launcher.agent.finished import (
     describe_ranks,
     exit_prefix,
     finished_count,
+    mark_job_succeeded,
     no_reform_note,
     node_ranks,
     read_finished,
@@ -42,6 +52,7 @@ from launcher.agent.finished import (
 )
 from launcher.agent.reporting import store_gone
 from launcher.rendezvous.api import SMALL_ROUND_MAX, STORE_FAILURES
+from launcher.rendezvous.departures import HEARTBEAT_TIMEOUT
 from launcher.rendezvous.store_ops import POLL_MAX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,10 +96,15 @@ def exit_barrier(info: RendezvousInfo, handler: RendezvousHandler, reporter: Nod
         end = waiter.await_done(timeout)
         if end is not None:
             return end
+        # Before the close: a node left out of this round that finds the job closed reads it.
+        mark_job_succeeded(handler, run_id, info.round)
         handler.set_closed()
         if waiter.store.add(f"{waiter.prefix}/left", 1) == info.group_world_size:
             waiter.store.set(f"{waiter.prefix}/all_left", b"1")
     except _NotAllFinished:
+        silent = waiter.silent_unfinished()
+        if silent:  # their ranks are not known to have finished: no success without them
+            return waiter.reporter.job_failed(info, handler, [], waiter.ranks, closer=True, reason=silent)
         # Every worker here succeeded, and every other node is alive: a slow one does not undo that.
         log.warning("exit barrier: not every node finished within %g s (--exit-barrier-timeout); exiting anyway",
                     timeout)
@@ -112,6 +128,8 @@ class _Waiter:
         #: How many nodes had finished, and who they are (see ``_FOLLOW_UP_TO``), when last looked.
         self.count = 0
         self.finished: list[FinishedNode] = []
+        #: Nodes lost by heartbeat silence alone, already said to be waited for (see the module's docstring).
+        self._silent_said: set[str] = set()
         # Read now, in rounds small enough, so that a node lost with the store (its host died)
         # is still named with its ranks; in larger rounds, an O(N) read a node, only once a node
         # is to be named (the store's host gone: "its ranks").
@@ -184,7 +202,8 @@ class _Waiter:
         return None
 
     def _lost_unfinished(self) -> str | None:
-        """One line naming the lost nodes that had not finished (and their ranks), if any."""
+        """One line naming the nodes gone for certain that had not finished (and their ranks), if
+        any; a node lost only by heartbeat silence is waited for instead (see the module's docstring)."""
         names = set(self.handler.lost_nodes())
         if not names:
             return None
@@ -193,8 +212,35 @@ class _Waiter:
         lost = [g for g, node in enumerate(self.info.participants) if node in names and g not in done]
         if not lost:
             return None  # they finished, then vanished: nothing of theirs is missing
-        return "; ".join(f"{self._name(g)} was lost before it finished (no heartbeat): "
-                         f"{describe_ranks(self.node_ranks.get(g))} did not finish" for g in lost)
+        reasons = _departure_reasons(self.handler)
+        gone = [g for g in lost if reasons.get(self.info.participants[g], "") != HEARTBEAT_TIMEOUT]
+        for g in lost:
+            node = self.info.participants[g]
+            if g not in gone and node not in self._silent_said:
+                self._silent_said.add(node)
+                log.warning("%s sent no heartbeat within the heartbeat timeout and has not finished: waiting for it "
+                            "up to --exit-barrier-timeout, as a paused or cut-off node may still finish", self._name(g))
+        if not gone:
+            return None
+        return "; ".join(f"{self._name(g)} was lost before it finished "
+                         f"({reasons.get(self.info.participants[g]) or 'no heartbeat'}): "
+                         f"{describe_ranks(self.node_ranks.get(g))} did not finish" for g in gone)
+
+    def silent_unfinished(self) -> str | None:
+        """At the barrier's timeout: one line naming the nodes lost by heartbeat silence that never
+        came back to say they finished, if any."""
+        try:
+            names = set(self.handler.lost_nodes())
+            self.finished = read_finished(self.store, self.prefix, self.finished)
+        except STORE_FAILURES:
+            names = set()
+        done = {n.group_rank for n in self.finished}
+        silent = [g for g, node in enumerate(self.info.participants) if node in names and g not in done]
+        if not silent:
+            return None
+        return "; ".join(f"{self._name(g)} was lost before it finished (no heartbeat, and it did not come back "
+                         f"within --exit-barrier-timeout): {describe_ranks(self.node_ranks.get(g))} did not finish"
+                         for g in silent)
 
     def _name(self, g: int) -> str:
         node_id = _node_id(self.info, g)
@@ -239,6 +285,18 @@ class _Waiter:
             # Expected on every node but the store's host: the host may shut the store down the
             # moment the last node has said it is leaving.
             log.debug("exit barrier: store gone after every node left (%s)", exc)
+
+
+def _departure_reasons(handler: RendezvousHandler) -> dict[str, str]:
+    """Why each lost node is gone, where the backend says (the core's rendezvous does); a backend
+    that does not say gives no reason, and its lost nodes count as gone for certain, as before."""
+    departures = getattr(handler, "departures", None)
+    if departures is None:
+        return {}
+    try:
+        return dict(departures())
+    except STORE_FAILURES:
+        return {}
 
 
 def _node_id(info: RendezvousInfo, group_rank: int) -> str:

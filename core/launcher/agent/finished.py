@@ -51,7 +51,16 @@ __all__ = [
     "reform_claimed",
     "withdraw_claim",
     "await_withdrawals",
+    "await_final_round_left",
+    "job_succeeded",
+    "mark_job_succeeded",
 ]
+
+#: The job-level record that the job's last round finished on every node (its round number),
+#: under ``launcher/<run id>/`` in the rendezvous store: a node that was left out of that round
+#: (it re-formed late, after its worker hung, say) reads it when it finds the job closed, and
+#: knows the job succeeded without it (:func:`job_succeeded`).
+_SUCCEEDED = "succeeded"
 
 
 
@@ -194,3 +203,46 @@ def describe_ranks(ranks: Sequence[int] | None) -> str:
     if list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _job_store(handler: object, run_id: str) -> KeyValueStore | None:
+    shared = getattr(handler, "shared_store", None)  # the core's rendezvous has one; others may not
+    return shared(f"launcher/{run_id}/") if callable(shared) else None
+
+
+def mark_job_succeeded(handler: object, run_id: str, round_: int) -> None:
+    """Every node of round ``round_`` finished: say so where any node of the job can read it
+    (one ``set``; a store that fails here changes nothing for this node)."""
+    with contextlib.suppress(*STORE_FAILURES):
+        store = _job_store(handler, run_id)
+        if store is not None:
+            store.set(_SUCCEEDED, str(round_).encode())
+
+
+def job_succeeded(handler: object, run_id: str) -> int | None:
+    """The round in which the job finished on every node, if it did (``None``: not known, or not)."""
+    with contextlib.suppress(*STORE_FAILURES, ValueError):
+        store = _job_store(handler, run_id)
+        if store is not None and store.check([_SUCCEEDED]):
+            return int(store.get(_SUCCEEDED, 5.0))
+    return None
+
+
+def await_final_round_left(handler: object, run_id: str, final: int, timeout: float) -> None:
+    """Until every node of round ``final`` said it is leaving its exit barrier (``all_left``), the
+    store fails, or ``timeout``: a node left out of that round may serve the store (c10d's host),
+    and must not shut it down under the round's nodes while they still read it."""
+    from launcher.rendezvous.keys import RendezvousKeys
+    from launcher.rendezvous.store_ops import POLL_MAX
+
+    shared = getattr(handler, "shared_store", None)
+    if not callable(shared):
+        return
+    key = f"{exit_prefix(run_id, final)}/all_left"
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    with contextlib.suppress(*STORE_FAILURES):
+        store = shared(RendezvousKeys(run_id).agent(final))
+        while not store.check([key]) and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX)

@@ -18,12 +18,12 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from string import Template
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from launcher.agent.process import FunctionWorker, WorkerProcess, start_command, start_function
+from launcher.agent.process import FunctionWorker, WorkerProcess, is_stopped, start_command, start_function
 from launcher.containment._watchdog_main import descendants, job_processes
 from launcher.containment.containment import POLL_INTERVAL
 from launcher.containment.watchdog import Watchdog, job_env
@@ -383,7 +383,20 @@ class WorkerGroup:
             log.info("stopping %d worker(s) with %s", len(alive), signal.Signals(signum).name)
             for slot in alive:
                 assert slot.process is not None
-                slot.process.signal_group(signum)
+                process = slot.process
+                if process.hung and signum != signal.SIGKILL:
+                    # Judged hung, its stacks already taken: a grace period would only be waited
+                    # out (a stopped process cannot even act on SIGTERM).
+                    process.was_stopped = is_stopped(process.pid)
+                    log.warning("worker local rank %d (pid %d) is hung%s: killing it now", slot.local_rank,
+                                process.pid, " and stopped (state T)" if process.was_stopped else "")
+                    process.stop_signal = signal.SIGKILL
+                    process.signal_group(signal.SIGKILL)
+                    continue
+                process.stop_signal = signum
+                process.signal_group(signum)
+                if signum != signal.SIGKILL:
+                    self._continue_stopped(slot)
             deadline = time.monotonic() + timeout
             while self.running() and time.monotonic() < deadline and not self._hurry:
                 self.wait(min(0.05, max(0.0, deadline - time.monotonic())))
@@ -395,6 +408,7 @@ class WorkerGroup:
                 else:
                     log.warning("worker local rank %d (pid %d) did not exit within %.0fs of %s; killing it",
                                 slot.local_rank, slot.process.pid, timeout, signal.Signals(signum).name)
+                slot.process.stop_signal = signal.SIGKILL
                 slot.process.signal_group(signal.SIGKILL)
             deadline = time.monotonic() + 5.0
             while self.running() and time.monotonic() < deadline:
@@ -404,6 +418,30 @@ class WorkerGroup:
         for pid in tree - set(self.pids):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+    def mark_hung(self, local_ranks: Collection[int]) -> None:
+        """The workers of ``local_ranks`` are hung (their stacks are taken): the next
+        :meth:`stop` SIGKILLs them at once instead of giving them its grace period."""
+        for slot in self.slots:
+            if slot.local_rank in local_ranks and slot.process is not None and slot.process.poll() is None:
+                slot.process.hung = True
+
+    def _continue_stopped(self, slot: WorkerSlot) -> None:
+        """SIGCONT the processes of a worker just told to stop that are stopped (state T: SIGSTOP,
+        a ^Z), so that they act on the signal now rather than be waited for the whole grace."""
+        process = slot.process
+        assert process is not None
+        stopped = sorted(pid for pid in descendants([process.pid]) if is_stopped(pid))
+        if not stopped:
+            return
+        if process.pid in stopped:
+            process.was_stopped = True
+        log.info("worker local rank %d (pid %d): continuing stopped process(es) %s so that they can stop",
+                 slot.local_rank, process.pid, ", ".join(map(str, stopped)))
+        process.signal_group(signal.SIGCONT)
+        for pid in stopped:  # those that left the worker's process group too
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
 
     def reap_leftovers(self, sweep: bool = True) -> None:
         """Kill what exited workers left behind, in their process groups and (``sweep``) anywhere else."""

@@ -48,6 +48,28 @@ def die_with_parent(expected_parent: int) -> None:
         os._exit(1)
 
 
+#: ``/proc/PID/stat`` states of a process that cannot act on a signal until it is continued:
+#: stopped (SIGSTOP, SIGTSTP) and stopped by a tracer (a debugger).
+STOPPED_STATES = frozenset("Tt")
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (``R``, ``S``, ``T``...); ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (in parentheses) may hold spaces and parentheses: the state follows the last ")".
+    rest = stat[stat.rfind(b")") + 2 :]
+    return rest[:1].decode("ascii", "replace") or None
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T`` or ``t``): it acts on no signal but SIGKILL until continued."""
+    return process_state(pid) in STOPPED_STATES
+
+
 class WorkerProcess:
     """A running worker: its pid, a descriptor readable once it exits, and its exit status."""
 
@@ -61,6 +83,19 @@ class WorkerProcess:
         #: A function worker whose function returned and whose result the agent took: it waits
         #: for :meth:`FunctionWorker.release`, not running the worker's code any more.
         self.delivered = False
+        #: The signal the agent sent to end it, if it did (``SIGKILL`` when it had to escalate).
+        self.stop_signal: int | None = None
+        #: Judged hung by ``--hang-timeout`` (its stacks taken): a stop kills it at once.
+        self.hung = False
+        #: It was stopped (state ``T``) when the agent stopped it: continued, or killed at once.
+        self.was_stopped = False
+
+    @property
+    def ended_by_launcher(self) -> bool:
+        """Whether it died of the signal the agent sent it to stop it (or of the SIGKILL after)."""
+        code = self.returncode
+        return (self.stop_signal is not None and code is not None and code < 0
+                and -code in (self.stop_signal, int(signal.SIGKILL)))
 
     def fileno(self) -> int:
         raise NotImplementedError

@@ -43,12 +43,13 @@ def store_gone(handler: RendezvousHandler) -> str | None:
     return f"{handler.store_location()} is gone: {problem}"
 
 
-def blame_order(entry: Any, blamed: Sequence[int] = ()) -> tuple[int, float, float, int]:
+def blame_order(entry: Any, blamed: Sequence[int] = ()) -> tuple[int, int, float, float, int]:
     """Sort key of failures, the root cause first: the ranks ``blamed`` for a hang in their order,
-    then the earliest failure."""
+    then hung ranks, then ranks that failed on their own, then those the launcher stopped (each
+    earliest first): a rank ended by the launcher's own SIGTERM or SIGKILL is a consequence."""
     rank = entry.failure.rank
     place = blamed.index(rank) if rank in blamed else len(blamed)
-    return place, entry.time, entry.failure.timestamp, rank
+    return place, entry.failure.blame_class, entry.time, entry.failure.timestamp, rank
 
 
 class NodeReporter:
@@ -69,6 +70,9 @@ class NodeReporter:
         self.lost: list[str] = []
         #: Nodes that finished and then vanished (already said; they are no loss).
         self.gone_after_finishing: set[str] = set()
+        #: The hang this node is restarting after (set by the agent with its pending failures):
+        #: the report of a restart that cannot happen names the hung rank, not the ranks stopped.
+        self.pending_hang: HangReport | None = None
 
     def joined(self, info: RendezvousInfo, handler: RendezvousHandler) -> None:
         """Remember where this node stands in a multi-node round."""
@@ -101,6 +105,9 @@ class NodeReporter:
                     group_rank=self.group_rank,
                     node_addr=self.node_addr,
                     code_finished=process.delivered,
+                    ended_by_launcher=process.ended_by_launcher and not process.hung,
+                    hung=process.hung,
+                    stopped=process.was_stopped,
                 )
             )
             self._emit(
@@ -209,6 +216,8 @@ class NodeReporter:
         """
         from launcher.failures.report import FailureReport, ReportedFailure
 
+        if hang is None and self.pending_hang is not None and failures:
+            hang = self.pending_hang  # a restart after this hang could not happen (launcher.agent.membership)
         local = FailureReport.from_failures(failures, oom_watch=oom_watch) if failures else None
         # After a hang every worker was stopped by the launcher: the root cause is the rank the
         # hang is blamed on (its flight record's evidence, else the likeliest hung rank), not the
@@ -226,6 +235,9 @@ class NodeReporter:
         remote = [o for g, o in others.items() if g != info.group_rank]
         roots = [ReportedFailure.from_dict(o.root) for o in remote if o.root]
         entries = ([local.root_cause, *local.others] if local else []) + roots
+        culprit = _hung_elsewhere(hang, blamed, entries, self.plan.role)
+        if culprit is not None:
+            entries.append(culprit)
         multi = info.group_world_size > 1
         this_node = f"{self.node} (node {info.group_rank}{', ' + self.node_addr if self.node_addr else ''})"
         shared = list(dict.fromkeys([*([reason] if reason else []), *notes, *(n for o in remote for n in o.notes)]))
@@ -275,6 +287,29 @@ class NodeReporter:
             log_dir = run_log_dir(logs_specs) or getattr(logs_specs, "_run_log_dir", None)
             if log_dir:
                 report.write_json(os.path.join(log_dir, "failure_report.json"))
+
+
+def _hung_elsewhere(hang: HangReport | None, blamed: Sequence[int], entries: Sequence[Any], role: str) -> Any:
+    """The rank a hang is blamed on as a failure, when no node's record of it is at hand (its node
+    re-formed without sharing one): every rank known here was only stopped by the launcher, and
+    none of them is the root cause. Its node killed it at once (a blamed hung rank always is,
+    :meth:`launcher.hangs.monitor.HangMonitor._doom`)."""
+    if hang is None or not blamed or any(entry.failure.rank == blamed[0] for entry in entries):
+        return None
+    where = {id(entry): node for node in hang.nodes for entry in node.ranks}
+    found = next((e for e in hang.entries if e.rank == blamed[0] and e.hung), None)
+    if found is None or found.pid is None:
+        return None
+    import signal
+
+    from launcher.failures.report import ReportedFailure, WorkerFailure
+
+    node = where.get(id(found))
+    return ReportedFailure(WorkerFailure(
+        node=found.node, rank=found.rank, local_rank=found.local_rank, role=role, pid=found.pid, exitcode=None,
+        signal=int(signal.SIGKILL), timestamp=time.time(), group_rank=node.group_rank if node else None,
+        hung=True, stopped=found.stopped,
+    ))
 
 
 def started_workers(slots: Sequence[WorkerSlot], cpus: CpuPlan) -> list[dict[str, Any]]:

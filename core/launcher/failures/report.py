@@ -89,6 +89,13 @@ class WorkerFailure:
     #: Its code is known to have returned before it died (a function worker whose result the
     #: agent had taken): a death after that is one of the interpreter's exit.
     code_finished: bool = False
+    #: It died of the signal the launcher sent to stop it (another rank failed or hung, the job
+    #: was ending): a consequence, never the root cause while a rank that failed or hung is known.
+    ended_by_launcher: bool = False
+    #: Judged hung (``--hang-timeout``) and killed by the launcher at once, its stacks taken.
+    hung: bool = False
+    #: Its process was stopped (state T: SIGSTOP, a debugger) when the launcher stopped it.
+    stopped: bool = False
 
     @property
     def node_label(self) -> str:
@@ -130,6 +137,9 @@ class WorkerFailure:
             "group_rank": self.group_rank,
             "node_addr": self.node_addr,
             "code_finished": self.code_finished,
+            "ended_by_launcher": self.ended_by_launcher,
+            "hung": self.hung,
+            "stopped": self.stopped,
         }
 
     @classmethod
@@ -149,7 +159,17 @@ class WorkerFailure:
             group_rank=data.get("group_rank"),
             node_addr=data.get("node_addr"),
             code_finished=bool(data.get("code_finished", False)),
+            ended_by_launcher=bool(data.get("ended_by_launcher", False)),
+            hung=bool(data.get("hung", False)),
+            stopped=bool(data.get("stopped", False)),
         )
+
+    @property
+    def blame_class(self) -> int:
+        """Where it stands as a root cause: 0 hung, 1 failed on its own, 2 ended by the launcher."""
+        if self.hung:
+            return 0
+        return 2 if self.ended_by_launcher else 1
 
 
 #: States of a worker in :class:`RankState`.
@@ -251,6 +271,8 @@ class ReportedFailure:
         signum = self.failure.signal
         if signum is None:
             signum = self.failure.shell_reported_signal
+        if self.failure.hung:
+            return hung_explanation(self.failure.stopped)
         if signum is None:
             return None
         if is_terminate_at_exit(self.failure.signal, self.failure.stderr_tail):
@@ -296,6 +318,14 @@ class ReportedFailure:
             likely_oom=bool(data.get("likely_oom", False)),
             oom_evidence=data.get("oom_evidence"),
         )
+
+
+def hung_explanation(stopped: bool) -> str:
+    """Why a hung rank died: the launcher judged it hung and killed it at once."""
+    how = ("; its process was stopped (state T: SIGSTOP, a ^Z, or a debugger), so it could not have acted on "
+           "SIGTERM" if stopped else "")
+    return (f"hung: it stopped making progress past --hang-timeout{how}; the launcher killed it at once (SIGKILL) "
+            "once its stacks were taken")
 
 
 def _read_error(failure: WorkerFailure) -> tuple[ErrorFileContent | None, str | None]:
@@ -356,7 +386,8 @@ class FailureReport:
                 entry.oom_evidence = oom_watch.evidence(failure.pid)
                 entry.likely_oom = entry.oom_evidence is not None
             reported.append(entry)
-        reported.sort(key=lambda r: (r.time, r.failure.timestamp, r.failure.rank))
+        # A hung rank first, then ranks that failed on their own; those the launcher stopped last.
+        reported.sort(key=lambda r: (r.failure.blame_class, r.time, r.failure.timestamp, r.failure.rank))
         if title is None:
             count = len(reported)
             title = f"{count} worker{'s' if count != 1 else ''} failed"
@@ -365,7 +396,8 @@ class FailureReport:
 
     @property
     def root_cause(self) -> ReportedFailure:
-        """The earliest failure."""
+        """The first failure: a hung rank's, else the earliest of a rank that failed on its own,
+        else the earliest of a rank the launcher stopped."""
         return self.failures[0]
 
     @property

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.hangs.flightrec_worker import FILE_ENV, REQUEST_ENV
+from launcher.hangs.stacks import STOPPED_NOTE, is_stopped_state, native_state
 
 #: The variable torch reads (2.13); the older name it still reads when this one is unset.
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
@@ -65,15 +66,24 @@ def arm_environment(env: MutableMapping[str, str], request: str, out: str) -> bo
     return True
 
 
-def request(targets: Sequence[tuple[int, str, str]], timeout: float = 3.0) -> dict[int, dict[str, Any]]:
+def request(targets: Sequence[tuple[int, str, str]], timeout: float = 3.0,
+            pids: Mapping[int, int] | None = None) -> dict[int, dict[str, Any]]:
     """Ask each worker of ``targets`` (``(local_rank, pipe, out file)``) for its record at once;
     the records read within ``timeout`` seconds. A rank whose worker cannot answer gets
-    ``{"launcher_note": why}``."""
+    ``{"launcher_note": why}``. ``pids``: each local rank's worker pid, to tell a stopped worker
+    (state T, which cannot answer) from one that serves no dumps."""
+    def stopped(local_rank: int) -> bool:
+        pid = (pids or {}).get(local_rank)
+        return pid is not None and is_stopped_state(native_state(pid))
+
     found: dict[int, dict[str, Any]] = {}
     pending: dict[int, str] = {}
     for local_rank, pipe, out in targets:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(out)
+        if stopped(local_rank):  # its serving thread is stopped too: no reader on the pipe
+            found[local_rank] = {"launcher_note": STOPPED_NOTE}
+            continue
         try:
             fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
         except OSError as exc:
@@ -101,8 +111,9 @@ def request(targets: Sequence[tuple[int, str, str]], timeout: float = 3.0) -> di
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(0.02)
-    for local_rank in pending:
-        found[local_rank] = {"launcher_note": f"no record within {timeout:g} s"}
+    for local_rank in pending:  # stopped while asked, or busy
+        why = STOPPED_NOTE if stopped(local_rank) else f"no record within {timeout:g} s"
+        found[local_rank] = {"launcher_note": why}
     return found
 
 

@@ -358,7 +358,8 @@ class HangMonitor:
         # The collectives each rank entered: asked once its stack is taken (where it waits).
         records = flightrec.request(
             [(local_rank, self._record_path(local_rank, "pipe"), self._record_path(local_rank, "json"))
-             for local_rank, _, _ in targets], timeout=DUMP_TIMEOUT)
+             for local_rank, _, _ in targets], timeout=DUMP_TIMEOUT,
+            pids={local_rank: pid for local_rank, pid, _ in targets})
         # Read after the dump: a rank that stopped a moment after the one that crossed the
         # timeout first (a few ms later, into the same collective) has crossed it too by now.
         progress = {state.local_rank: state for state in self._watch.progress()}
@@ -369,6 +370,10 @@ class HangMonitor:
             dump = dumps.get(slot.local_rank)
             if dump is None and state is not None:  # it exited: not hung, whatever its last beat
                 state.hung, state.reason = False, ""
+            stopped = dump is not None and stacks.is_stopped_state(dump.native)
+            reason = state.reason if state else ""
+            if stopped and state is not None and state.hung:
+                reason = f"{reason or _reason_text(reason)}; its process is stopped (state T)"
             entry = RankEntry(
                 rank=slot.global_rank,
                 local_rank=slot.local_rank,
@@ -378,10 +383,11 @@ class HangMonitor:
                 hung=bool(state and state.hung),
                 summary=stacks.stack_summary(dump) if dump is not None else "(exited)",
                 quiet=state.quiet if state else "",
-                reason=state.reason if state else "",
+                reason=reason,
                 waiting=state.waiting if state else None,
                 stacks=stacks.as_json(dump) if dump is not None else None,
                 collective=stacks.in_collective(dump),
+                stopped=stopped,
             )
             summary.ranks.append(entry)
         summary.stacks_file = self._stacks_file_path("on_demand" if local_only else "hang")
@@ -426,11 +432,25 @@ class HangMonitor:
                 summary.stacks_file = None
         self.report = report
         if not local_only:
+            self._doom(report)
             evidence_lines = report.collectives.lines() if report.collectives is not None else []
             self.last_hang = {"attempt": self._attempt, "blamed_ranks": report.blamed_ranks,
                               "lines": [report.reason, *evidence_lines]}
         log.debug("hang diagnosed in %.2f s", time.monotonic() - started)
         return report
+
+    def _doom(self, report: HangReport) -> None:
+        """Have the stop that follows SIGKILL this node's culprits at once (their stacks and
+        records are taken): the hung ranks the hang is blamed on, and hung ranks that are
+        stopped (state T), which could not act on SIGTERM anyway. The other ranks get SIGTERM
+        and the grace period as after any failure."""
+        if self._group is None:
+            return
+        blamed = set(report.blamed_ranks)
+        doomed = {e.local_rank for e in report.entries
+                  if e.node == self.node_label and e.hung and (e.stopped or e.rank in blamed)}
+        if doomed:
+            self._group.mark_hung(doomed)
 
     def _world_size(self) -> int | None:
         slots = self._group.slots if self._group is not None else []

@@ -50,6 +50,8 @@ class RankEntry:
     collective: bool = False
     #: Seconds since it started without a heartbeat (``None``: it sent one, or not known).
     waiting: float | None = None
+    #: Its process was stopped (state T: SIGSTOP, a debugger) at the dump: it could not answer.
+    stopped: bool = False
 
     def to_dict(self, *, full: bool = True) -> dict[str, Any]:
         data = {
@@ -58,6 +60,7 @@ class RankEntry:
             "summary": self.summary, "quiet": self.quiet or None, "reason": self.reason or None,
             "collective": self.collective,
             "waiting": None if self.waiting is None else round(self.waiting, 3),
+            "stopped": self.stopped,
         }
         if full and self.stacks is not None:
             data["stacks"] = self.stacks
@@ -70,7 +73,7 @@ class RankEntry:
             pid=data.get("pid"), age=data.get("age"), hung=bool(data.get("hung")),
             summary=str(data.get("summary", "")), quiet=data.get("quiet") or "",
             reason=data.get("reason") or "", stacks=data.get("stacks"), collective=bool(data.get("collective")),
-            waiting=data.get("waiting"),
+            waiting=data.get("waiting"), stopped=bool(data.get("stopped")),
         )
 
 

@@ -165,6 +165,15 @@ def native_state(pid: int) -> str:
     return text
 
 
+#: Why a stopped process (state T) shows no stacks and no flight record.
+STOPPED_NOTE = "the process is stopped (state T: SIGSTOP, ^Z or a debugger): it cannot answer until continued"
+
+
+def is_stopped_state(native: str) -> bool:
+    """Whether a :func:`native_state` text is that of a stopped process (``T`` or ``t``)."""
+    return native[:2] in ("T ", "t ")
+
+
 def parse_dump(text: str) -> list[ThreadStack]:
     """Threads of one faulthandler dump (``Thread 0x... (most recent call first):`` blocks)."""
     threads: list[ThreadStack] = []
@@ -205,6 +214,10 @@ def collect(targets: Sequence[tuple[int, int, str]], allowed: Mapping[int, set[i
         result.pid = pid
         # Before the signal: while it writes its stacks, the process is running, not waiting.
         result.native = native_state(pid)
+        if is_stopped_state(result.native):
+            # It would write nothing until continued: say so rather than wait out the timeout.
+            result.note = f"no Python stack: {STOPPED_NOTE}"
+            continue
         try:
             start = os.path.getsize(path)
             os.kill(pid, STACKS_SIGNAL)

@@ -31,7 +31,7 @@ from launcher.addresses import is_loopback, lookup_name
 from launcher.errors import UsageError
 from launcher.rendezvous.api import RendezvousConfigError, RendezvousError, RendezvousParameters
 from launcher.rendezvous.config import CONFIG_KEYS, DynamicRendezvousConfig
-from launcher.rendezvous.dynamic import DynamicRendezvousHandler
+from launcher.rendezvous.dynamic import DynamicRendezvousHandler, SpareNotNeeded
 from launcher.rendezvous.endpoint import format_endpoint, parse_endpoint
 from launcher.store.api import KeyValueStore, StoreError
 
@@ -187,6 +187,7 @@ def _serve(port: int, config: DynamicRendezvousConfig, nodes: int | None = None)
 
 def _connect(host: str, port: int, config: DynamicRendezvousConfig, run_id: str) -> KeyValueStore:
     from launcher.store.client import TCPStoreClient
+    from launcher.store.connection import JobEnded, SpareStoreGone
 
     start = time.monotonic()
     wait_until_reachable(host, port, config.join_timeout, run_id)
@@ -195,9 +196,19 @@ def _connect(host: str, port: int, config: DynamicRendezvousConfig, run_id: str)
     try:
         # A store that accepts and closes our connections does not admit this host now (a job
         # whose round is closed): keep trying while the join timeout lasts, a new round may admit it.
+        # Without a secret, this node then asks as a spare, and waits as one while the job runs
+        # (launcher.store.connection): a store gone for gone_timeout after that is no store at all.
         client = TCPStoreClient(
-            host, port, timeout=config.read_timeout, connect_timeout=left, secret=secret, refused_timeout=left
+            host, port, timeout=config.read_timeout, connect_timeout=left, secret=secret, refused_timeout=left,
+            spare=secret is None, gone_timeout=min(config.read_timeout, _RECONNECT_TIMEOUT),
         )
+    except JobEnded as exc:
+        raise SpareNotNeeded(
+            f"rendezvous {run_id!r} is closed: the job has ended ({exc}); this node only waited as a spare, and "
+            "was not needed"
+        ) from None
+    except SpareStoreGone as exc:
+        raise RendezvousError(f"rendezvous {run_id!r}: {exc}") from None
     except (StoreError, OSError) as exc:
         raise RendezvousError(
             f"reached {format_endpoint(host, port)} but could not open the rendezvous store there: {exc}. "

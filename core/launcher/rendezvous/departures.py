@@ -28,6 +28,7 @@ from launcher.store.api import StoreTimeoutError
 __all__ = [
     "AGENT_DIED",
     "HEARTBEAT_TIMEOUT",
+    "UNREACHABLE",
     "STRAGGLER",
     "Departure",
     "LostNodes",
@@ -41,8 +42,13 @@ log = logging.getLogger("launcher.rendezvous")
 
 #: Why a node whose agent's store connection closed without leaving the round is gone.
 AGENT_DIED = "agent process died"
-#: Why a node whose heartbeat stopped for longer than the heartbeat timeout is gone.
+#: Why a node whose heartbeat stopped for longer than the heartbeat timeout is gone. The weakest
+#: evidence: a paused agent (SIGSTOP, a frozen VM) stops beating while its workers run on, so a
+#: later report with another reason (its connection closed, or timed out) replaces this one.
 HEARTBEAT_TIMEOUT = "heartbeat timeout"
+#: Why a node whose host stopped answering at the network level is gone: its agent's store
+#: connection timed out (TCP keep-alive probes unanswered: a pulled cable, a powered-off host).
+UNREACHABLE = "its host stopped answering (store connection timed out)"
 #: How the reason of a node put out as a straggler starts (launcher.stragglers.exclusion): the
 #: others did not lose contact with it, the job decided to go on without it.
 STRAGGLER = "straggler: "
@@ -114,11 +120,12 @@ class LostNodes:
             self._ids, self._why, self._read = [], {}, 0
 
     def record(self, node_id: str, reason: str = "") -> None:
-        """Note ``node_id`` as gone (a report this node made, or read); the first reason given stays."""
+        """Note ``node_id`` as gone (a report this node made, or read); the first reason given
+        stays, but for :data:`HEARTBEAT_TIMEOUT`, which a firmer one replaces."""
         with self._lock:
             if node_id not in self._ids:
                 self._ids.append(node_id)
-            if reason and not self._why.get(node_id):
+            if reason and self._why.get(node_id, HEARTBEAT_TIMEOUT) == HEARTBEAT_TIMEOUT:
                 self._why[node_id] = reason
 
     def reasons(self) -> dict[str, str]:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from launcher.rendezvous.api import (
+    RendezvousClosedError,
     RendezvousError,
     RendezvousInfo,
     RendezvousParameters,
@@ -53,12 +54,24 @@ from launcher.store.api import KeyValueStore, StoreError
 
 __all__ = [
     "KEY_ROOT",
+    "SPARE_TELL_S",
     "DynamicRendezvousHandler",
     "NodeDescriptor",
+    "SpareNotNeeded",
     "handler_over_store",
 ]
 
 log = logging.getLogger("launcher.rendezvous")
+
+#: Seconds, at most, that the store's host serves on at the job's end for the spares that wait
+#: (refused ones ask every second or so, see launcher.store.connection) to learn that it ended.
+SPARE_TELL_S = 3.0
+
+
+class SpareNotNeeded(RendezvousClosedError):
+    """The job ended while this node only waited as a spare (it took part in no round): it was
+    not needed, which is no failure of this node (the agent exits 0; see "Spares" in
+    docs/rendezvous.md)."""
 
 
 class DynamicRendezvousHandler:
@@ -149,7 +162,8 @@ class DynamicRendezvousHandler:
             # An agent whose process dies is reported when its connection closes, at once.
             from launcher.rendezvous.disconnects import ClosedConnections
 
-            ClosedConnections(store_server, run_id, self._config.read_timeout).start()
+            ClosedConnections(store_server, run_id, self._config.read_timeout,
+                              unreachable_after=self._config.liveness_timeout).start()
         self._heartbeats = heartbeats
         self._current: Membership | None = None
         #: This node's last round, kept after it left it (the host waits for its departures).
@@ -236,6 +250,10 @@ class DynamicRendezvousHandler:
             membership = self._rounds.join(previous, record, deadline)
         except RendezvousTimeoutError as exc:
             self._failure = str(exc)
+            raise
+        except RendezvousClosedError as exc:
+            if self._rounds.spare and self._last is None and not isinstance(exc, SpareNotNeeded):
+                raise SpareNotNeeded(f"{exc}; this node only waited as a spare, and was not needed") from None
             raise
         self._current = self._last = membership
         self._was_rank0 = membership.rank == 0
@@ -377,6 +395,37 @@ class DynamicRendezvousHandler:
             return
         reason = f"{self._node.id}: {self._failure}" if self._failure else "1"
         self._rounds.close_job(reason)
+        self._end_job()
+
+    def _end_job(self) -> None:
+        """On the store's host: the job is over, so refused spares asking are told it ended."""
+        end = getattr(self._server, "end_job", None)
+        if callable(end):
+            end()
+
+    def _tell_spares(self) -> None:
+        """On the store's host, at the job's end: serve for up to :data:`SPARE_TELL_S` more while
+        spares wait to learn it (refused ones that asked lately, and ones inside the store, which
+        read the closed rendezvous and hang up), so that none takes the store's going for a loss."""
+        server = self._server
+        untold = getattr(server, "untold_spares", None)
+        inside = getattr(server, "outside_clients", None)
+        if not callable(untold) or not callable(inside):
+            return
+        try:
+            if not self._rounds.is_closed():
+                return  # not ended: its store going is news the spares must not take for an end
+        except (RendezvousError, StoreError):
+            return
+        self._end_job()
+        deadline = time.monotonic() + SPARE_TELL_S
+        waited = False
+        while (untold() or inside()) and time.monotonic() < deadline and not self._stopped():
+            if not waited:
+                waited = True
+                log.info("rendezvous %r: serving the store up to %g s more for the spares to learn the job ended",
+                         self._run_id, SPARE_TELL_S)
+            time.sleep(0.05)
 
     def depart(self, reason: str) -> bool:
         """This node is being stopped (``stopped by SIGTERM``): tell the others before it goes.
@@ -488,6 +537,8 @@ class DynamicRendezvousHandler:
             # Stopped while in no round (waiting to join one): the nodes waiting with it learn
             # the job is closed from the store; serve it until they hung up (seconds at most).
             await_hangups(self._server, STOPPED_GRACE)
+        if self._is_host and self._server is not None and not self._store_gone:
+            self._tell_spares()
         try:
             self._leave(rejoin=False)
         except Exception as exc:  # shutting down must not raise

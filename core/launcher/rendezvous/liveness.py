@@ -82,10 +82,12 @@ class RingWatcher:
         self.run_id = ops.run_id
         self.tick = min(config.keep_alive_interval, config.liveness_timeout / 8, 1.0)
         now = time.monotonic()
+        # The first step runs, and beats, at once (not a tick later): the c10d store ties the
+        # counter to this node's connection from its first write (launcher.rendezvous.disconnects),
+        # so a death is seen from then on; a node killed before it had beaten is found only by
+        # the heartbeat timeout, which the exit barrier cannot tell from a paused agent.
         #: When :meth:`step` should run next (``time.monotonic()``).
-        self.due = now + self.tick
-        # The first step beats at once: the c10d store ties the counter to this node's connection
-        # from its first write (launcher.rendezvous.disconnects), so a death is seen from then on.
+        self.due = now
         self._next_beat = now
         self._watched = (self._rank + 1) % membership.size
         self._last_value: int | None = None

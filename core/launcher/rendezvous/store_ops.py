@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from launcher.rendezvous.api import RendezvousError, RendezvousStoreError
+from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, RendezvousStoreError
 from launcher.store.api import KeyValueStore, StoreConnectionError, StoreError, StoreTimeoutError
+from launcher.store.connection import JobEnded
 
 __all__ = [
     "POLL_MAX",
@@ -129,6 +130,9 @@ class StoreOps:
                     f"rendezvous {self.run_id!r}: the store did not answer a {what} within "
                     f"{self.read_timeout:g} s (read_timeout)"
                 ) from None
+            except JobEnded as exc:
+                # A spare cut off from a closed round's store, then told by it the job has ended.
+                raise RendezvousClosedError(f"rendezvous {self.run_id!r} is closed: {exc}") from None
             except StoreConnectionError as exc:
                 raise ConnectionLost(f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}") from None
             except StoreError as exc:

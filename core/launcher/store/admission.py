@@ -35,6 +35,11 @@ __all__ = [
     "AUTH_HELLO",
     "AUTH_PROOF",
     "READER_HELLO",
+    "SPARE_ADMITTED",
+    "SPARE_ENDED",
+    "SPARE_HELLO",
+    "SPARE_PROVE",
+    "SPARE_RUNNING",
     "NONCE_LEN",
     "PROOF_LEN",
     "Admission",
@@ -74,6 +79,17 @@ AUTH_PROOF: Final = 0xA1
 #: restricted to a round's members that refuses it does not take it for an agent knocking to
 #: join (``StoreServer.knocking``), so reading a job's status never makes it start a new round.
 READER_HELLO: Final = 0xA2
+#: Sent first by an agent that the store refused once (no secret: the job's round is full or
+#: closed) and that waits as a spare: one byte, answered with one byte, and the connection is
+#: closed. It reads and writes no key: a refused peer learns only whether the job still runs.
+#: A store restricted to a round's members answers it for a refused peer that the site policy
+#: would admit to an open round (it counts as a node waiting to join, ``StoreServer.knocking``).
+SPARE_HELLO: Final = 0xA3
+#: The answers to :data:`SPARE_HELLO`.
+SPARE_RUNNING: Final = 0  # refused: the job runs without this peer; ask again later
+SPARE_ENDED: Final = 1  # refused: the job has ended (its rendezvous is closed)
+SPARE_ADMITTED: Final = 2  # admitted: the handshake goes on over this connection
+SPARE_PROVE: Final = 3  # this store wants the shared secret first (the peer has none)
 NONCE_LEN: Final = 32
 PROOF_LEN: Final = 32  # SHA-256 digest size
 

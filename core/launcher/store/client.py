@@ -64,6 +64,12 @@ class TCPStoreClient:
     at once closes it, i.e. does not admit this host now (a store restricted to the members of a
     running round). ``reader``: this client only reads (``launcher status``), and says so on
     connecting, so a store that refuses it does not count it as an agent waiting to join.
+    ``spare`` (a rendezvous client without a secret): a store that refuses it because the job's
+    round is full or closed is asked, with a narrow request that touches no key, whether the job
+    still runs; the client then waits as a spare, and raises
+    :class:`~launcher.store.connection.JobEnded` once told the job ended, or
+    :class:`~launcher.store.connection.SpareStoreGone` when the store went away without saying so
+    (for ``gone_timeout`` seconds, ``None``: ``connect_timeout``).
 
     One call runs at a time (calls from several threads are serialized); use a client per thread
     for parallelism.
@@ -79,6 +85,8 @@ class TCPStoreClient:
         secret: bytes | None = None,
         refused_timeout: float | None = None,
         reader: bool = False,
+        spare: bool = False,
+        gone_timeout: float | None = None,
     ) -> None:
         if not 0 < port < 1 << 16:
             raise ValueError(f"port must be in [1, 65535], got {port}")
@@ -93,6 +101,11 @@ class TCPStoreClient:
         #: (``None``: as :attr:`connect_timeout`).
         self.refused_timeout = refused_timeout
         self._reader = reader
+        #: Once refused by a store restricted to a running job's nodes, wait as a spare (see
+        #: :func:`~launcher.store.connection.open_connection`); ``gone_timeout`` bounds how long
+        #: that store may then stop answering (``None``: as :attr:`connect_timeout`).
+        self.spare = spare
+        self.gone_timeout = gone_timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._closed = False
@@ -147,6 +160,8 @@ class TCPStoreClient:
             secret=self._secret,
             refused_timeout=self.refused_timeout,
             reader=self._reader,
+            spare=self.spare,
+            gone_timeout=self.gone_timeout,
         )
 
     def close(self) -> None:

@@ -23,6 +23,10 @@ from launcher.store.admission import (
     NONCE_LEN,
     PROOF_LEN,
     READER_HELLO,
+    SPARE_ADMITTED,
+    SPARE_ENDED,
+    SPARE_HELLO,
+    SPARE_RUNNING,
     client_proof,
     new_nonce,
     proofs_match,
@@ -31,11 +35,23 @@ from launcher.store.admission import (
 from launcher.store.api import StoreError
 from launcher.store.protocol import U8, U32, VALIDATION_MAGIC, QueryType
 
-__all__ = ["Deadline", "open_connection", "reachability_problem", "recv_exact"]
+__all__ = [
+    "SPARE_POLL_S",
+    "Deadline",
+    "JobEnded",
+    "SpareStoreGone",
+    "open_connection",
+    "reachability_problem",
+    "recv_exact",
+]
 
 log = logging.getLogger("launcher.store.client")
 
 _MAX_RETRY_DELAY_S: Final = 1.0
+#: Seconds between two questions of a refused agent waiting as a spare (``SPARE_HELLO``).
+SPARE_POLL_S: Final = 1.0
+#: Seconds the store has to answer a ``SPARE_HELLO``.
+_SPARE_REPLY_S: Final = 5.0
 
 
 class Deadline:
@@ -62,6 +78,20 @@ class _Refused(StoreError):
     def __init__(self, message: str, final: bool = True) -> None:
         super().__init__(message)
         self.final = final
+
+
+class JobEnded(StoreError):
+    """The store refused this client as a spare of a running job, then said the job has ended
+    (``SPARE_ENDED``): it was not needed."""
+
+
+class SpareStoreGone(StoreError):
+    """The store refused this client as a spare of a running job (``SPARE_RUNNING``), then went
+    away without saying the job ended (its host died or was cut off)."""
+
+
+class _StillRunning(Exception):
+    """The store answered ``SPARE_RUNNING``: ask again later (internal to :func:`open_connection`)."""
 
 
 #: Seconds a fresh connection must stay open to count as a live store.
@@ -123,6 +153,8 @@ def open_connection(
     secret: bytes | None,
     refused_timeout: float | None = None,
     reader: bool = False,
+    spare: bool = False,
+    gone_timeout: float | None = None,
 ) -> socket.socket:
     """A validated connection to the store at ``host:port``, retrying until ``connect_timeout``
     (seconds, ``None``: forever) passes; then :class:`StoreError` naming the address, the timeout
@@ -141,13 +173,30 @@ def open_connection(
     refused = False  # the last attempt was accepted, then closed before the handshake ended
     told = False
     last_error: BaseException | None = None
+    probe = False  # ask as a would-be spare first (SPARE_HELLO): the store refused us once
+    at_once = False  # the first such question goes without a pause
+    unanswered = False  # a question as a spare was refused without an answer (not a launcher store?)
+    waiting = False  # the store said the job runs without us: we wait as a spare
+    forever = Deadline(None)
+    gone = deadline  # once waiting: how long the store may stop answering
+
+    def pick() -> Deadline:
+        if waiting:
+            return forever if refused else gone
+        return refused_deadline if refused else deadline
+
     while True:
-        active = refused_deadline if refused else deadline
+        active = pick()
         try:
             left = active.remaining()
         except TimeoutError:
             break
         attempts += 1
+        if waiting and left is None:
+            # A spare waits for as long as the job runs, but each try is bounded: a store cut off
+            # must not hold a connect (or a reply) for the kernel's minutes.
+            active = Deadline(_SPARE_REPLY_S)
+            left = active.remaining()
         sock: socket.socket | None = None
         try:
             # create_connection tries every address the host resolves to (IPv4 and IPv6).
@@ -159,8 +208,26 @@ def open_connection(
         else:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if probe:
+                    _ask_as_spare(sock, address, active)
                 _handshake(sock, address, active, secret, reader)
                 return sock
+            except _StillRunning:
+                sock.close()
+                if not waiting:
+                    log.warning(
+                        "the store at %s admits only the running job's nodes (its round is full or closed, and "
+                        "no secret is configured): this node waits as a spare, counted by the job; it joins when "
+                        "a new round admits it, and leaves when the job ends",
+                        address,
+                    )
+                waiting, refused, last_error = True, True, None
+                gone = Deadline(connect_timeout if gone_timeout is None else gone_timeout)
+                time.sleep(SPARE_POLL_S * random.uniform(0.8, 1.0))
+                continue
+            except JobEnded:
+                sock.close()
+                raise
             except _Refused as exc:
                 sock.close()
                 # A secret mismatch will not fix itself; a refused address might (the round
@@ -172,26 +239,39 @@ def open_connection(
                 # Accepted, then closed before answering: this address is not admitted now.
                 sock.close()
                 refused, last_error = True, exc
+                unanswered = unanswered or (probe and not waiting)  # a store that ignores SPARE_HELLO
+                if spare and secret is None and not reader and not probe:
+                    probe = at_once = True
             except (OSError, StoreError) as exc:
                 # TimeoutError is an OSError: a deadline passing mid-attempt lands here too.
                 sock.close()
                 refused, last_error = False, exc
-        if refused and not told and refused_deadline is not deadline and refused_timeout:  # 0: no retrying
-            told = True
+        quiet = waiting or (probe and not unanswered)  # a spare's own line says it (above)
+        if refused and not told and not quiet and refused_deadline is not deadline and refused_timeout:
+            told = True  # (refused_timeout 0: no retrying)
             log.info(
                 "the store at %s does not admit this host now (it closes our connections at once: a running "
                 "job admits only its nodes); retrying until it does, as a spare or a late node, once a new "
                 "round opens",
                 address,
             )
-        active = refused_deadline if refused else deadline
+        active = pick()
         try:
             left = active.remaining()
         except TimeoutError:
             break
+        if at_once:
+            at_once = False
+            continue  # ask as a spare at once: the answer is the line the operator waits for
         pause = delay * random.uniform(0.5, 1.0)  # jitter: clients must not retry in lockstep
         time.sleep(pause if left is None else min(pause, left))
         delay = min(delay * 2, _MAX_RETRY_DELAY_S)
+    if waiting:
+        raise SpareStoreGone(
+            f"the store at {address} went away ({last_error or 'no answer'}) without saying the job ended, while "
+            "this node waited as a spare of the running job (its round was full or closed): this node had no "
+            "part in the job and cannot tell how it ended"
+        ) from last_error
     if refused:
         why = (
             "it accepted every connection and closed it at once: it does not admit this host "
@@ -208,6 +288,23 @@ def open_connection(
 
 def _seconds(value: float | None) -> str:
     return "forever" if value is None else f"{round(value, 1):g} s"
+
+
+def _ask_as_spare(sock: socket.socket, address: str, deadline: Deadline) -> None:
+    """``SPARE_HELLO``, and its answer: returns when admitted (the handshake goes on over
+    ``sock``); raises :class:`_StillRunning`, :class:`JobEnded`, or :class:`ConnectionError` (a
+    plain refusal: a store that does not answer it, or wants a secret this client lacks)."""
+    bounded = Deadline(min(_SPARE_REPLY_S, deadline.remaining() or _SPARE_REPLY_S))
+    sock.settimeout(bounded.remaining())
+    sock.sendall(U8.pack(SPARE_HELLO))
+    answer = recv_exact(sock, 1, bounded)[0]
+    if answer == SPARE_ADMITTED:
+        return
+    if answer == SPARE_RUNNING:
+        raise _StillRunning
+    if answer == SPARE_ENDED:
+        raise JobEnded(f"the store at {address} says the job has ended")
+    raise ConnectionError(f"the store at {address} does not admit this host without the shared secret")
 
 
 def _handshake(sock: socket.socket, address: str, deadline: Deadline, secret: bytes | None,

@@ -17,7 +17,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Final
 
-from launcher.store.admission import READER_HELLO, Admission, Verdict, peer_ip
+from launcher.store.admission import (
+    READER_HELLO,
+    SPARE_ENDED,
+    SPARE_HELLO,
+    SPARE_RUNNING,
+    Admission,
+    Verdict,
+    peer_ip,
+)
 from launcher.store.protocol import KEY_PREFIX, ProtocolError, format_address
 from launcher.store.requests import (
     OUTPUT_HIGH_WATER,
@@ -84,6 +92,8 @@ class ServeLoop:
     _authenticated_joiners: bool
     _knocks: dict[IPAddress, float]
     _probation: dict[Connection, float]
+    _job_ended: bool
+    _spares: dict[IPAddress, float]
     _recheck: bool
     handshake_timeout: float
     _throttle: LogThrottle
@@ -92,7 +102,10 @@ class ServeLoop:
     _dirty: set[Connection]
     _requests: RequestHandler
     _local_waiters: int
-    _on_writer_closed: Callable[[list[str]], None] | None
+    _on_writer_closed: Callable[[list[str], bool], None] | None
+    #: TCP keep-alive for accepted connections, ``(idle, interval, probes)`` seconds and count, or
+    #: ``None`` (see :meth:`~launcher.store.server.StoreServer.on_writer_closed`).
+    keepalive: tuple[int, int, int] | None
 
     def _close_listener(self) -> None:
         if self._listener is not None:
@@ -294,6 +307,8 @@ class ServeLoop:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 # Replies are tiny and latency-bound; do not let Nagle hold them back.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.keepalive is not None:
+                    _keep_alive(sock, self.keepalive)
             conn = Connection(sock, peer, ip)
             conn.must_auth = verdict is Verdict.AUTHENTICATE
             self._selector.register(sock, selectors.EVENT_READ, conn)
@@ -318,6 +333,26 @@ class ServeLoop:
             self._refused(conn.ip, conn.who, Verdict.REFUSE)
         self._drop(conn)
 
+    def _answer_spare(self, conn: Connection) -> None:
+        """A refused peer that waits as a spare (``SPARE_HELLO``): counted as a node waiting to
+        join, like any knocking agent, and told only whether the job runs or has ended."""
+        self._probation.pop(conn, None)
+        self._note_knock(conn.ip)
+        ended = self._job_ended
+        if conn.ip is not None:
+            # Remembered until told the job ended (the host serves a moment longer for it).
+            self._spares.pop(conn.ip, None)
+            if not ended:
+                self._spares[conn.ip] = time.monotonic()
+                while len(self._spares) > _MAX_KNOCKS:
+                    del self._spares[next(iter(self._spares))]
+        self._throttle.log(logging.INFO, (conn.ip, "spare", ended), "store server refused %s, which waits as a "
+                           "spare: it is not a member of the current round; told the job %s", conn.who,
+                           "has ended" if ended else "runs")
+        with contextlib.suppress(OSError):  # one byte on a fresh connection: the buffer takes it
+            conn.sock.send(bytes([SPARE_ENDED if ended else SPARE_RUNNING]))
+        self._drop(conn)
+
     def _on_readable(self, conn: Connection) -> None:
         if conn in self._probation:
             try:
@@ -326,6 +361,9 @@ class ServeLoop:
                 return
             except OSError:
                 first = b""
+            if first == bytes([SPARE_HELLO]):
+                self._answer_spare(conn)
+                return
             self._end_probation(conn, reader=first == bytes([READER_HELLO]))
             return
         try:
@@ -334,7 +372,7 @@ class ServeLoop:
             return
         except OSError as exc:
             log.debug("store client %s: %s", conn.who, exc)
-            self._drop(conn, peer_gone=True)
+            self._drop(conn, peer_gone=True, unreachable=exc.errno == errno.ETIMEDOUT)
             return
         if not data:
             self._drop(conn, peer_gone=True)
@@ -374,7 +412,7 @@ class ServeLoop:
                     sent = 0
                 except OSError as exc:
                     log.debug("store client %s: %s", conn.who, exc)
-                    self._drop(conn, peer_gone=True)
+                    self._drop(conn, peer_gone=True, unreachable=exc.errno == errno.ETIMEDOUT)
                     return
                 del conn.outbuf[:sent]
             if conn.paused and len(conn.outbuf) <= OUTPUT_LOW_WATER:
@@ -400,7 +438,7 @@ class ServeLoop:
         while self._dirty:
             self._flush(self._dirty.pop())
 
-    def _drop(self, conn: Connection, *, peer_gone: bool = False) -> None:
+    def _drop(self, conn: Connection, *, peer_gone: bool = False, unreachable: bool = False) -> None:
         """Close ``conn``; ``peer_gone``: the peer closed it (or its end broke), not the server."""
         if conn.closed:
             return
@@ -408,7 +446,7 @@ class ServeLoop:
         self._requests.clear_wait(conn)
         written = self._requests.writer_closed(conn)
         if written and peer_gone:  # a connection the server closed (a bad request...) is no death
-            self._writer_gone(written)
+            self._writer_gone(written, unreachable)
         self._conns.discard(conn)
         self._dirty.discard(conn)
         self._handshaking.pop(conn, None)
@@ -433,7 +471,7 @@ class ServeLoop:
     def _validated(self, conn: Connection) -> None:
         self._handshaking.pop(conn, None)
 
-    def _writer_gone(self, raw_keys: list[bytes]) -> None:
+    def _writer_gone(self, raw_keys: list[bytes], unreachable: bool = False) -> None:
         """A client that was the last writer of tracked keys went away (lock held): tell the
         owner of the hook, unless the server itself is closing (that is no client's death)."""
         callback = self._on_writer_closed
@@ -441,13 +479,25 @@ class ServeLoop:
             return
         keys = [k.decode("utf-8", "replace").removeprefix(KEY_PREFIX) for k in raw_keys]
         try:
-            callback(keys)
+            callback(keys, unreachable)
         except Exception:  # the hook's bug must not take the store down
             log.exception("store server: the closed-writer hook failed")
 
     def _written(self) -> None:
         if self._local_waiters:
             self._cond.notify_all()
+
+
+def _keep_alive(sock: socket.socket, keepalive: tuple[int, int, int]) -> None:
+    """Have the kernel probe an idle connection: a peer whose host stops answering (a pulled
+    cable, a powered-off host) then ends in ETIMEDOUT, while a live but paused process's kernel
+    still answers the probes, so its connection stays."""
+    idle, interval, probes = keepalive
+    with contextlib.suppress(OSError, AttributeError):  # TCP_KEEP* are Linux's (and a few others')
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
 
 
 def _local_ip(sock: socket.socket) -> IPAddress | None:

@@ -19,6 +19,9 @@ from launcher.store.admission import (
     NONCE_LEN,
     PROOF_LEN,
     READER_HELLO,
+    SPARE_ADMITTED,
+    SPARE_HELLO,
+    SPARE_PROVE,
     client_proof,
     new_nonce,
     proofs_match,
@@ -161,6 +164,7 @@ class RequestHandler:
             AUTH_HELLO: self._q_auth_hello,
             AUTH_PROOF: self._q_auth_proof,
             READER_HELLO: self._q_reader_hello,
+            SPARE_HELLO: self._q_spare_hello,
         }
 
     def process(self, conn: Connection) -> None:
@@ -176,10 +180,10 @@ class RequestHandler:
                 reader = Reader(buf, pos)
                 try:
                     query = reader.u8()
-                    if conn.must_auth and query not in (AUTH_HELLO, AUTH_PROOF, READER_HELLO):
+                    if conn.must_auth and query not in (AUTH_HELLO, AUTH_PROOF, READER_HELLO, SPARE_HELLO):
                         raise AuthError(f"query {query} before proving the shared secret")
                     if not conn.validated and query not in (QueryType.VALIDATE, AUTH_HELLO, AUTH_PROOF,
-                                                            READER_HELLO):
+                                                            READER_HELLO, SPARE_HELLO):
                         raise ProtocolError(f"expected a validation message first, got query {query}")
                     handler = self._handlers.get(query)
                     if handler is None:
@@ -253,6 +257,12 @@ class RequestHandler:
     def _q_reader_hello(self, conn: Connection, r: Reader) -> None:
         # An admitted reader: nothing to do (the loop looks at it only on a refused connection).
         pass
+
+    def _q_spare_hello(self, conn: Connection, r: Reader) -> None:
+        # An admitted would-be spare (a new round opened since it was refused): it goes on with
+        # its handshake here. One that must prove a secret it does not have is told so. (A
+        # refused one is answered by the loop, on probation: launcher.store.loop.)
+        self._send(conn, bytes([SPARE_PROVE if conn.must_auth else SPARE_ADMITTED]))
 
     def _q_auth_hello(self, conn: Connection, r: Reader) -> None:
         # Reply: u8 1 when no secret is configured; else u8 0, our nonce and our proof.

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import selectors
 import socket
 import threading
@@ -93,6 +94,8 @@ HANDSHAKE_TIMEOUT: Final = 30.0
 LOG_INTERVAL: Final = 60.0
 #: Seconds a refused would-be joiner counts in :meth:`StoreServer.knocking` (clients retry faster).
 KNOCK_WINDOW: Final = 10.0
+#: Seconds a spare that asked (SPARE_HELLO) counts as waiting (it asks every second or so).
+SPARE_RECENT: Final = 3.0
 
 
 class StoreServer(ServeLoop):
@@ -147,6 +150,10 @@ class StoreServer(ServeLoop):
         self._authenticated_joiners = False
         # Peers refused only because the round is closed (see knocking()) -> when last refused.
         self._knocks: dict[IPAddress, float] = {}
+        # The job has ended (end_job): refused spares asking (SPARE_HELLO) are told so.
+        self._job_ended = False
+        # Refused peers waiting as spares, not told yet that the job ended -> when they last asked.
+        self._spares: dict[IPAddress, float] = {}
         self._recheck = False  # admission changed: the serving thread re-examines connections
         #: Seconds a new connection has to validate (and authenticate) before it is closed.
         self.handshake_timeout = HANDSHAKE_TIMEOUT
@@ -161,7 +168,8 @@ class StoreServer(ServeLoop):
         self._table = KeyTable(self._release, self._written)
         self._requests = RequestHandler(self._table, lambda: self._admission.secret, self._validated)
         self._local_waiters = 0  # threads blocked in LocalStore waits
-        self._on_writer_closed: Callable[[list[str]], None] | None = None
+        self._on_writer_closed: Callable[[list[str], bool], None] | None = None
+        self.keepalive: tuple[int, int, int] | None = None
 
         self._store = LocalStore(self)
 
@@ -299,18 +307,54 @@ class StoreServer(ServeLoop):
                 del self._knocks[ip]
             return frozenset(self._knocks)
 
-    def on_writer_closed(self, match: Callable[[str], bool] | None, callback: Callable[[list[str]], None]) -> None:
+    def end_job(self) -> None:
+        """The job is over (its rendezvous is closed): from now on a refused agent waiting as a
+        spare (``SPARE_HELLO``, see :mod:`launcher.store.admission`) is told so, and leaves."""
+        with self._lock:
+            self._job_ended = True
+
+    @property
+    def job_ended(self) -> bool:
+        """Whether :meth:`end_job` was called."""
+        return self._job_ended
+
+    def untold_spares(self, within: float = SPARE_RECENT) -> frozenset[IPAddress]:
+        """Refused agents waiting as spares that asked in the last ``within`` seconds and have
+        not been told yet that the job ended (the host serves until they were, briefly)."""
+        now = time.monotonic()
+        with self._lock:
+            return frozenset(ip for ip, at in self._spares.items() if now - at <= within)
+
+    def outside_clients(self) -> int:
+        """Open connections from peers that are not members of the round the store is restricted
+        to (0 while unrestricted): spares and late nodes that proved the secret, waiting inside."""
+        with self._lock:
+            members = self._members
+            if members is None:
+                return 0
+            return sum(1 for c in self._conns if c.authenticated and c.ip is not None and c.ip not in members)
+
+    def on_writer_closed(self, match: Callable[[str], bool] | None, callback: Callable[[list[str], bool], None],
+                         *, unreachable_after: float | None = None) -> None:
         """Tie keys to the connection that last wrote them, as ZooKeeper ties ephemeral nodes to
         a session: when a client connection closes (its process died, or it closed it),
-        ``callback(keys)`` gets the keys ``match`` accepts (client names) whose last write came
-        from that connection. In-process writes (:attr:`store`) have no connection and are never
-        reported; nor is anything when the server itself closes.
+        ``callback(keys, unreachable)`` gets the keys ``match`` accepts (client names) whose last
+        write came from that connection. In-process writes (:attr:`store`) have no connection and
+        are never reported; nor is anything when the server itself closes.
 
         ``callback`` runs on the serving thread with the server's lock held: it must only hand
         the keys on (to a thread of its own), never use this store. ``match=None`` stops it.
-        A connection that was cut off without closing (a pulled cable, a crashed host) is not
-        seen here: that remains the rendezvous heartbeat's job.
+        A connection cut off without closing (a pulled cable, a crashed host) sends nothing; with
+        ``unreachable_after`` (seconds), connections accepted from then on are probed by the
+        kernel (TCP keep-alive) once idle, and one whose host has not answered for about that
+        long is reported with ``unreachable`` true. A paused process (SIGSTOP) is not: its
+        kernel still answers.
         """
+        if unreachable_after is not None:
+            # Never sooner than ``unreachable_after``: rounded up, to whole seconds as the kernel counts.
+            idle = max(1, math.ceil(unreachable_after / 2))
+            interval = max(1, math.ceil((unreachable_after - idle) / 3))
+            self.keepalive = (idle, interval, 3)
 
         def track(raw: bytes) -> bool:
             return match is not None and match(raw.decode("utf-8", "replace").removeprefix(KEY_PREFIX))
