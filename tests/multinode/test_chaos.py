@@ -26,9 +26,6 @@ TRIALS = 8
 #: being fixed: a fault kind (``"late-spare"``), a job kind (``"job:recoverable"``) or one fault kind
 #: in one job kind (``"recoverable/stop-worker"``), each naming its bug. Remove an entry when the fix lands.
 KNOWN_BUGS: dict[str, str] = {
-    # Issue 45, table row 1: the spare that was not needed exits 1 ("rendezvous ... is closed: the store
-    # says the job has ended") although the job finished (seed 45 trial 5, netem).
-    "job:elastic-spare": "issue 45 row 1: the unneeded spare exits 1 when the job ends",
     # NEW (not a row of issue 45's table; found by this campaign, seed 1 trials 0 and 1): a stopped
     # (SIGSTOP) rank judged hung blocks in-place recovery for --recovery-timeout (30 s) on its node,
     # while the other node waits in the next round for its join_timeout and gives up: both exit 1.

@@ -40,6 +40,7 @@ from launcher.plugins.types import finish_logs
 from launcher.rendezvous.api import (
     SMALL_ROUND_MAX,
     STORE_FAILURES,
+    RendezvousClosedError,
     RendezvousError,
     RendezvousStoreError,
     StoreBackedHandler,
@@ -212,6 +213,10 @@ class Agent:
                 from launcher.rendezvous.dynamic import SpareNotNeeded  # only once a rendezvous ended
 
                 report = self._report
+                if (isinstance(exc, RendezvousClosedError) and self._info is None
+                        and not isinstance(exc, SpareNotNeeded)):
+                    # Closed before this node took part in any round: it only waited, as a spare does.
+                    exc = SpareNotNeeded(f"{exc}; this node took part in no round, and was not needed")
                 if isinstance(exc, SpareNotNeeded):
                     # A spare has no part in the job: the job's end is no failure of this node.
                     log.warning("%s; exiting 0 (the nodes of the job report how it ended)", exc)
@@ -480,8 +485,6 @@ class Agent:
         was left out of (it re-formed too late, after its worker failed or hung, or after it was
         cut off and came back): the job absorbed this node's trouble, and a scheduler must not
         count the finished job as failed because of it. ``None`` otherwise."""
-        from launcher.rendezvous.api import RendezvousClosedError
-
         if previous is None or not isinstance(exc, RendezvousClosedError):
             return None
         from launcher.agent.finished import await_final_round_left, job_succeeded
