@@ -211,11 +211,11 @@ class Agent:
                 result = self._stopped(exc.signum)
             except (RendezvousError, StoreError) as exc:
                 from launcher.rendezvous.dynamic import SpareNotNeeded  # only once a rendezvous ended
+                from launcher.rendezvous.store_ops import JobEndedForSpare
 
                 report = self._report
-                if (isinstance(exc, RendezvousClosedError) and self._info is None
-                        and not isinstance(exc, SpareNotNeeded)):
-                    # Closed before this node took part in any round: it only waited, as a spare does.
+                if isinstance(exc, JobEndedForSpare) and self._info is None:
+                    # Told by the store, which had refused it, that the job ended: it only waited as a spare.
                     exc = SpareNotNeeded(f"{exc}; this node took part in no round, and was not needed")
                 if isinstance(exc, SpareNotNeeded):
                     # A spare has no part in the job: the job's end is no failure of this node.

@@ -22,6 +22,7 @@ from launcher.store.api import KeyValueStore, StoreConnectionError, StoreError, 
 from launcher.store.connection import JobEnded
 
 __all__ = [
+    "JobEndedForSpare",
     "POLL_MAX",
     "WAIT_SLICE",
     "ConnectionLost",
@@ -31,6 +32,11 @@ __all__ = [
     "wait_in_slices",
     "wait_slice_for",
 ]
+
+
+class JobEndedForSpare(RendezvousClosedError):
+    """The store told this node, which it had refused as a spare, that the job has ended: the
+    node waited only as a spare (the agent exits 0, see "Spares" in docs/rendezvous.md)."""
 
 T = TypeVar("T")
 
@@ -132,7 +138,7 @@ class StoreOps:
                 ) from None
             except JobEnded as exc:
                 # A spare cut off from a closed round's store, then told by it the job has ended.
-                raise RendezvousClosedError(f"rendezvous {self.run_id!r} is closed: {exc}") from None
+                raise JobEndedForSpare(f"rendezvous {self.run_id!r} is closed: {exc}") from None
             except StoreConnectionError as exc:
                 raise ConnectionLost(f"rendezvous {self.run_id!r}: the store failed during {what}: {exc}") from None
             except StoreError as exc:
