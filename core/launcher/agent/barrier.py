@@ -204,14 +204,9 @@ class _Waiter:
     def _lost_unfinished(self) -> str | None:
         """One line naming the nodes gone for certain that had not finished (and their ranks), if
         any; a node lost only by heartbeat silence is waited for instead (see the module's docstring)."""
-        names = set(self.handler.lost_nodes())
-        if not names:
-            return None
-        self.finished = read_finished(self.store, self.prefix, self.finished)
-        done = {n.group_rank for n in self.finished}
-        lost = [g for g, node in enumerate(self.info.participants) if node in names and g not in done]
+        lost = self._lost_before_finishing()
         if not lost:
-            return None  # they finished, then vanished: nothing of theirs is missing
+            return None  # none lost, or they finished, then vanished: nothing of theirs is missing
         reasons = _departure_reasons(self.handler)
         gone = [g for g in lost if reasons.get(self.info.participants[g], "") != HEARTBEAT_TIMEOUT]
         for g in lost:
@@ -226,16 +221,22 @@ class _Waiter:
                          f"({reasons.get(self.info.participants[g]) or 'no heartbeat'}): "
                          f"{describe_ranks(self.node_ranks.get(g))} did not finish" for g in gone)
 
+    def _lost_before_finishing(self) -> list[int]:
+        """The group ranks of the lost nodes that had not finished (one read while none is lost)."""
+        names = set(self.handler.lost_nodes())
+        if not names:
+            return []
+        self.finished = read_finished(self.store, self.prefix, self.finished)
+        done = {n.group_rank for n in self.finished}
+        return [g for g, node in enumerate(self.info.participants) if node in names and g not in done]
+
     def silent_unfinished(self) -> str | None:
         """At the barrier's timeout: one line naming the nodes lost by heartbeat silence that never
         came back to say they finished, if any."""
         try:
-            names = set(self.handler.lost_nodes())
-            self.finished = read_finished(self.store, self.prefix, self.finished)
+            silent = self._lost_before_finishing()
         except STORE_FAILURES:
-            names = set()
-        done = {n.group_rank for n in self.finished}
-        silent = [g for g, node in enumerate(self.info.participants) if node in names and g not in done]
+            silent = []
         if not silent:
             return None
         return "; ".join(f"{self._name(g)} was lost before it finished (no heartbeat, and it did not come back "
