@@ -62,6 +62,9 @@ class ControlServer:
         #: pid -> slot, once the agent said (None before: registrations wait in ``_pending``).
         self._expected: dict[int, int] | None = None
         self._pending: list[tuple[socket.socket, int]] = []
+        #: slot -> pid of registered workers whose connection closed on their side (they are
+        #: exiting: the kernel closes a dying process's sockets before its parent can reap it).
+        self._hung_up: dict[int, int] = {}
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._stop_r, self._stop_w = os.pipe()
@@ -97,6 +100,12 @@ class ControlServer:
         """The worker of ``slot``, if it registered."""
         with self._lock:
             return self._links.get(slot)
+
+    def hung_up(self, slot: int, pid: int) -> bool:
+        """Whether the worker ``pid`` of ``slot`` had registered and its connection then closed on
+        its side: it is exiting, even when its exit cannot be reaped yet."""
+        with self._lock:
+            return self._hung_up.get(slot) == pid
 
     def send(self, slot: int, message: dict[str, Any]) -> bool:
         """Send ``message`` to the worker of ``slot``; whether it could be sent."""
@@ -238,6 +247,7 @@ class ControlServer:
             for link in list(self._links.values()):
                 if link.conn is conn:
                     del self._links[link.slot]
+                    self._hung_up[link.slot] = link.pid
             self._pending = [(c, pid) for c, pid in self._pending if c is not conn]
             self._lock.notify_all()
         with contextlib.suppress(OSError):

@@ -35,6 +35,9 @@ __all__ = ["InPlaceRecovery"]
 DEATH_GRACE = 0.02
 #: Seconds a worker told to exit (no recovery) has to raise its exception again and end.
 DISMISS_TIMEOUT = 5.0
+#: Seconds a registered worker whose channel connection closed gets to be reaped: a dying
+#: process's sockets close before its last thread has exited (a loaded machine stretches that).
+EXIT_REAP_GRACE = 5.0
 
 
 class InPlaceRecovery:
@@ -95,6 +98,7 @@ class InPlaceRecovery:
         """Why this failure cannot be recovered in place (``None``: it can)."""
         if not self.settings.in_place or restarts_left <= 0:
             return "no restart left" if restarts_left <= 0 else "--recovery restart"
+        self._await_dying(group)
         missing = [slot for slot in group.slots
                    if slot.process is not None and slot.process.poll() is None
                    and self.server.link(slot.local_rank) is None]
@@ -106,6 +110,18 @@ class InPlaceRecovery:
         if unsupported is not None:
             return f"in-place recovery does not support {unsupported} yet"
         return None
+
+    def _await_dying(self, group: WorkerGroup) -> None:
+        """Wait (bounded) until the workers whose channel connection closed on their side are
+        reaped: such a worker is dying, not one that never registered."""
+        deadline = time.monotonic() + EXIT_REAP_GRACE
+        while time.monotonic() < deadline:
+            dying = [s for s in group.slots if s.process is not None and s.process.poll() is None
+                     and self.server.link(s.local_rank) is None
+                     and self.server.hung_up(s.local_rank, s.process.pid)]
+            if not dying:
+                return
+            group.wait(0.01)
 
     def can_recover(self, group: WorkerGroup, restarts_left: int) -> bool:
         """Whether a recovery in place can be tried now (it may still fall back, see :meth:`leave`)."""
