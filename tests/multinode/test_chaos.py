@@ -25,16 +25,7 @@ TRIALS = 8
 #: The one place where the CI campaign leaves out what still breaks an invariant because of a bug
 #: being fixed: a fault kind (``"late-spare"``), a job kind (``"job:recoverable"``) or one fault kind
 #: in one job kind (``"recoverable/stop-worker"``), each naming its bug. Remove an entry when the fix lands.
-KNOWN_BUGS: dict[str, str] = {
-    # NEW (not a row of issue 45's table; found by this campaign, seed 1 trials 0 and 1): a stopped
-    # (SIGSTOP) rank judged hung blocks in-place recovery for --recovery-timeout (30 s) on its node,
-    # while the other node waits in the next round for its join_timeout and gives up: both exit 1.
-    "recoverable/stop-worker": "stopped hung rank blocks @launcher.recoverable's in-place recovery (new)",
-    # NEW, to judge (seed 1 trials 15, 25, 36): with its --log-dir full, the node exits 69 (a health
-    # check at the next round) and the job does not finish; either the launcher or the fault's
-    # classification in faults.py (strikes_agent/loses_node = False) is wrong.
-    "log-dir-full": "a full --log-dir ends the node with 69 and the job (new, to judge)",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def known_bug(trial) -> str | None:

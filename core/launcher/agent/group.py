@@ -426,6 +426,27 @@ class WorkerGroup:
             if slot.local_rank in local_ranks and slot.process is not None and slot.process.poll() is None:
                 slot.process.hung = True
 
+    def kill_stopped_hung(self, timeout: float = 5.0) -> list[WorkerSlot]:
+        """SIGKILL the workers judged hung (:meth:`mark_hung`) that are stopped (state T), and wait
+        (up to ``timeout`` seconds) until they are reaped; their slots. A stopped process cannot
+        leave its function for a recovery in place, nor act on anything but SIGKILL: its slot is
+        given a fresh process instead of waiting out ``--recovery-timeout``."""
+        killed = []
+        for slot in self.slots:
+            process = slot.process
+            if process is None or not process.hung or process.poll() is not None or not is_stopped(process.pid):
+                continue
+            log.warning("worker local rank %d (pid %d) is hung and stopped (state T): killing it now, "
+                        "a fresh process takes its slot", slot.local_rank, process.pid)
+            process.was_stopped = True
+            process.stop_signal = signal.SIGKILL
+            process.signal_group(signal.SIGKILL)
+            killed.append(slot)
+        deadline = time.monotonic() + timeout
+        while any(s.process is not None and s.process.poll() is None for s in killed) and time.monotonic() < deadline:
+            self.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+        return killed
+
     def _continue_stopped(self, slot: WorkerSlot) -> None:
         """SIGCONT the processes of a worker just told to stop that are stopped (state T: SIGSTOP,
         a ^Z), so that they act on the signal now rather than be waited for the whole grace."""

@@ -156,6 +156,7 @@ class InPlaceRecovery:
         in place. When not, one line says why (if the workers used the wrapper at all) and every
         worker waiting in the channel is told to exit."""
         self.fallback = None
+        group.kill_stopped_hung()  # a stopped rank judged hung cannot leave: it dies, its slot restarts
         why = self.blocker(group, restarts_left, unsupported)
         if why is None:
             live = [s for s in group.slots if s.process is not None and s.process.poll() is None]
