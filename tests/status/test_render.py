@@ -13,7 +13,7 @@ def record(**changes: Any) -> dict[str, Any]:
     rank = {"rank": 0, "local_rank": 0, "pid": 4242, "state": "running", "exit_code": None, "restarts": 1,
             "heartbeat_age_s": 1.5, "lines_per_s": 2.5, "cpu_percent": 99.5, "rss_bytes": 12_345_678_901}
     doc = {"run_id": 'job"1\\x\n', "node": "10.0.0.1_77_0", "round": 3, "restarts_used": 1, "restarts_left": 2,
-           "recoveries_in_place": 1,
+           "max_restarts": 3, "recoveries_in_place": 1,
            "updated_at": 1000.0, "ranks": [rank, {**rank, "rank": 1, "local_rank": 1, "pid": 4243, "state": "hung",
                                                   "heartbeat_age_s": None, "no_heartbeat_yet_s": 7.0,
                                                   "cpu_percent": None}]}
@@ -39,7 +39,8 @@ def test_metrics_escape_labels_keep_every_digit_and_age_heartbeats_to_the_scrape
     # Every sample line is `name{labels} number`, every family has HELP and TYPE.
     for line in text.splitlines():
         assert line.startswith("# ") or re.fullmatch(r"[a-z_]+\{.*\} -?[0-9.e+]+", line), line
-    assert text.count("# TYPE ") == text.count("# HELP ") == 17
+    assert text.count("# TYPE ") == text.count("# HELP ") == 18
+    assert f"launcher_max_restarts{{{labels}}} 3" in text.splitlines()
     # Straggler detection off: no straggler count, no per-rank flag (a made-up 0 would say "none").
     assert "launcher_stragglers{" not in text and "launcher_rank_slow{" not in text
     slow = metrics(record(straggler_detection=True, slow_ranks=[1]), hangs_seen=0, now=1003.0).splitlines()
@@ -49,6 +50,22 @@ def test_metrics_escape_labels_keep_every_digit_and_age_heartbeats_to_the_scrape
     steps = metrics(record(ranks=[{**record()["ranks"][0], "steps_per_s": 12.5}]), hangs_seen=0).splitlines()
     assert f'launcher_rank_steps_per_second{{{labels},rank="0",local_rank="0"}} 12.5' in steps
     assert metrics(None, 0) == ""
+
+
+def test_spares_and_kept_out_nodes_only_where_the_rendezvous_can_tell():
+    labels = 'job="job\\"1\\\\x\\n",node="10.0.0.1_77_0"'
+    # A rendezvous without spares or health records (static, single node): no made-up 0, no family.
+    plain = metrics(record(spares_waiting=None, kept_out=None), hangs_seen=0)
+    assert "launcher_spares_waiting" not in plain and "launcher_kept_out_node" not in plain
+    lines = metrics(record(spares_waiting=0, kept_out=[]), hangs_seen=0).splitlines()
+    assert f"launcher_spares_waiting{{{labels}}} 0" in lines
+    assert "# TYPE launcher_kept_out_node gauge" in lines  # known, and none kept out: no sample
+    assert not [line for line in lines if line.startswith("launcher_kept_out_node{")]
+    out = [{"node": 'gpu-c (10.0.0.3)', "check": "command"}, {"node": "gpu-d", "check": 'gpu "0"'}]
+    lines = metrics(record(spares_waiting=2, kept_out=out), hangs_seen=0).splitlines()
+    assert f"launcher_spares_waiting{{{labels}}} 2" in lines
+    assert f'launcher_kept_out_node{{{labels},kept_out="gpu-c (10.0.0.3)",check="command"}} 1' in lines
+    assert f'launcher_kept_out_node{{{labels},kept_out="gpu-d",check="gpu \\"0\\""}} 1' in lines
 
 
 def test_the_table_names_missing_nodes_and_failed_ranks():

@@ -372,8 +372,9 @@ class Agent:
             )
             from launcher.status.publisher import StatusPublisher
 
-            self._status = self._status or StatusPublisher(plan, self._hangs, stragglers=self._stragglers)
-            self._status.attach(group, info, self._restart_count, self.recoveries_in_place)
+            self._status = self._status or StatusPublisher(plan, self._hangs, stragglers=self._stragglers,
+                                                           health=self._health)
+            self._status.attach(group, info, self._restart_count, self.recoveries_in_place, handler)
 
             arm_death_notice(handler, watchdog)
             self._phase = "running the workers"

@@ -57,6 +57,13 @@ class HealthGate:
             self._board = board_of(handler, self._plan.run_id)
         return self._board
 
+    @property
+    def kept_out(self) -> list[ExcludedNode] | None:
+        """The nodes health checks kept out of the job, as this node's polls read them so far;
+        ``None`` where the rendezvous lends no store (no board: nothing can be known)."""
+        board = self._board
+        return None if board is _UNSET or board is None else list(board.seen)
+
     def start(self) -> None:
         """Start the checks for the next round this node joins, and return at once (nothing when
         no check is to run, or when they are already running)."""

@@ -135,6 +135,10 @@ class DynamicRendezvousHandler:
         self._on_shutdown = on_shutdown
         self._store_address = store_address
         self._store_gone = False
+        #: Spares waiting beyond this node's round (a round at MAX: every node late for it), as the
+        #: last :meth:`num_nodes_waiting` read it (no store read of its own: the status publisher
+        #: exports it as ``launcher_spares_waiting``); ``None`` before the first such read.
+        self.spares_waiting: int | None = None
         #: Why this node's last next_rendezvous failed (shared by set_closed).
         self._failure: str | None = None
         self._keys = RendezvousKeys(run_id)
@@ -316,6 +320,7 @@ class DynamicRendezvousHandler:
         late = max(0, self._ops.add(self._keys.seq(m.round), joiners) - m.count)
         rejoin = self._ops.add(self._keys.rejoin(m.round), 0)
         room = max(0, self._max - m.size)
+        self.spares_waiting = max(0, late - room)  # beyond the room: they wait for a node to leave
         return rejoin + min(late, room)
 
     def lost_nodes(self) -> list[str]:

@@ -73,6 +73,7 @@ def render(doc: dict[str, Any] | None, hangs_seen: int, now: float | None = None
          "Of those restarts, the ones that recovered in place (survivors kept).",
          [(node, doc.get("recoveries_in_place", 0))]),
         ("launcher_restarts_left", "gauge", "Restarts this node has left.", [(node, doc["restarts_left"])]),
+        ("launcher_max_restarts", "gauge", "The restart budget (--max-restarts).", [(node, doc["max_restarts"])]),
         ("launcher_round", "gauge", "The rendezvous round the workers run in.", [(node, doc["round"])]),
         ("launcher_hangs_total", "counter", "Hangs this node's agent diagnosed.", [(node, hangs_seen)]),
     ]
@@ -80,6 +81,15 @@ def render(doc: dict[str, Any] | None, hangs_seen: int, now: float | None = None
     if doc.get("straggler_detection"):  # without detection "no straggler" would be a made-up 0
         families.append(("launcher_stragglers", "gauge", "Ranks of the job straggler detection names slow now.",
                          [(node, len(slow))]))
+    if doc.get("spares_waiting") is not None:  # launcher's own dynamic rendezvous only: others cannot tell
+        families.append(("launcher_spares_waiting", "gauge",
+                         "Spare nodes waiting to take the place of the first node to leave, as this node last saw.",
+                         [(node, doc["spares_waiting"])]))
+    if doc.get("kept_out") is not None:  # where the rendezvous lends a store for the records
+        families.append(("launcher_kept_out_node", "gauge",
+                         "1 for each node a health check kept out of the job (as this node read the records).",
+                         [(f'{node},kept_out="{_label(out["node"])}",check="{_label(out["check"])}"', 1)
+                          for out in doc["kept_out"]]))
     per_rank: dict[str, tuple[str, str, Callable[[dict[str, Any]], float | None]]] = {
         "launcher_rank_up": ("gauge", "1 while the rank's worker runs.",
                              lambda r: float(r["state"] in ("running", "hung"))),

@@ -38,6 +38,7 @@ from launcher.status.settings import (
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.agent.group import WorkerGroup
     from launcher.hangs.monitor import HangMonitor
+    from launcher.health.gate import HealthGate
     from launcher.plan import LaunchPlan
     from launcher.rendezvous.api import RendezvousInfo
     from launcher.status.metrics import MetricsServer
@@ -66,9 +67,12 @@ class StatusPublisher:
     """Publishes this node's status (see the module docstring) until :meth:`close`."""
 
     def __init__(self, plan: LaunchPlan, hangs: HangMonitor | None, *, interval: float = PUBLISH_INTERVAL,
-                 stragglers: StragglerMonitor | None = None, gpus: GpuSampler | None = None) -> None:
+                 stragglers: StragglerMonitor | None = None, gpus: GpuSampler | None = None,
+                 health: HealthGate | None = None) -> None:
         self._plan = plan
         self._hangs = hangs
+        self._health = health  # the nodes its checks kept out (launcher_kept_out_node)
+        self._handler: object = None  # the rendezvous handler: its spares (launcher_spares_waiting)
         self._stragglers = stragglers if stragglers is not None and stragglers.enabled else None
         self._interval = interval
         self._lock = threading.Lock()
@@ -95,15 +99,18 @@ class StatusPublisher:
         self._metrics_port: int | None = None
 
     def attach(self, group: WorkerGroup, info: RendezvousInfo, restarts_used: int,
-               recoveries_in_place: int = 0) -> StatusPublisher:
+               recoveries_in_place: int = 0, handler: object = None) -> StatusPublisher:
         """The workers of a new round run: publish them now, then every interval; ``self``.
 
         ``restarts_used``: the restarts that followed a failure (re-forming after a node left
         uses none, and a refunded one is taken back), so ``max_restarts - restarts_used`` are left;
-        ``recoveries_in_place``: how many of them kept the surviving workers (launcher.recovery).
+        ``recoveries_in_place``: how many of them kept the surviving workers (launcher.recovery);
+        ``handler``: the round's rendezvous handler, whose ``spares_waiting`` (launcher's own
+        dynamic rendezvous has it; it costs no store read) the record carries.
         """
         with self._lock:
             self._group, self._info = group, info
+            self._handler = handler
             self._restarts = (restarts_used, max(0, self._plan.max_restarts - restarts_used))
             self._in_place = recoveries_in_place
             self._lines, self._steps = {}, {}
@@ -247,10 +254,19 @@ class StatusPublisher:
             "store": {"host": info.master_addr, "port": info.master_port} if info.group_world_size > 1 else None,
             "interval_s": self._interval,
             "metrics_port": self._metrics_port,
+            # Attributes the main loop keeps up to date: reading them costs no store operation.
+            "spares_waiting": getattr(self._handler, "spares_waiting", None),
+            "kept_out": self._kept_out(),
             "updated_at": round(time.time(), 3),
             "ended": ended,
             "ranks": ranks,
         }
+
+    def _kept_out(self) -> list[dict[str, str]] | None:
+        """The nodes health checks kept out (``node`` as the logs name it, ``check``); ``None``
+        where the rendezvous keeps no record of them."""
+        seen = self._health.kept_out if self._health is not None else None
+        return None if seen is None else [{"node": record.label, "check": record.check} for record in seen]
 
     def _line_rate(self, local_rank: int, streams: list[Any], now: float) -> float | None:
         """Output lines per second since the last publish (``None`` the first time)."""
