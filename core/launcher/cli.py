@@ -2,7 +2,8 @@
 
 ``launcher [torchrun flags] script [args]`` runs a job; ``launcher plugins [--json]`` lists the
 installed plugins; ``launcher stacks PID|LOGDIR`` prints a running job's stacks; ``launcher status
-PID|LOGDIR`` shows its ranks; ``launcher bundle LOGDIR`` packs a failed job's evidence. Invalid input
+PID|LOGDIR`` shows its ranks; ``launcher bundle LOGDIR`` packs a failed job's evidence; ``launcher
+alerts rules|dashboard`` prints the Prometheus alerting rules or the Grafana dashboard. Invalid input
 ends with one line on stderr and exit status 2 before anything starts; a failed job ends with a
 failure report and a non-zero status.
 """
@@ -113,6 +114,10 @@ def run(argv: Sequence[str]) -> int:
         from launcher.status.bundle import bundle_command
 
         return bundle_command(argv[1:])
+    if list(argv[:1]) == ["alerts"]:  # launcher alerts rules|dashboard: Prometheus rules, Grafana dashboard
+        from launcher.status.alerts import alerts_command
+
+        return alerts_command(list(argv[1:]))
     # The watchdog's interpreter boots on the core the agent leaves idle while it loads the
     # plugins (which may add flags, so they come before the command line is read) and builds its
     # plan. Not for --help or --version, which start nothing.
