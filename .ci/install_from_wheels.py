@@ -117,6 +117,11 @@ def check(work: Path, bin_dir: Path) -> None:
     missing = {name: dist for name, dist in PLUGINS.items() if found.get(name) != dist}
     if missing or found.get("static") != "launcher-core":
         sys.exit(f"wheels: plugins not registered by their wheels: {missing or 'static'}; found {found}")
+    for what, name in (("rules", "rules.yml"), ("dashboard", "dashboard.json")):  # package data, not only code
+        shipped = run([str(bin_dir / "launcher"), "alerts", what], cwd=job, env=env)
+        if shipped != (ROOT / "core" / "launcher" / "status" / "prometheus" / name).read_text():
+            sys.exit(f"wheels: `launcher alerts {what}` from the wheel is not the tree's {name}")
+    step("launcher alerts rules|dashboard: the wheel ships both files")
     step("running launcher --standalone --nproc-per-node 2 allreduce.py")
     output = run([str(bin_dir / "launcher"), "--standalone", "--nproc-per-node", "2", "allreduce.py"],
                  cwd=job, env=env, timeout=300)
