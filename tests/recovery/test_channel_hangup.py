@@ -14,7 +14,6 @@ import textwrap
 import time
 from types import SimpleNamespace
 
-from launcher.recovery.channel import ControlServer
 from launcher.recovery.inplace import InPlaceRecovery
 from launcher.recovery.settings import RecoverySettings
 
