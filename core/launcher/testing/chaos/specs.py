@@ -7,8 +7,35 @@ from dataclasses import dataclass
 
 #: Job kinds: how many nodes, which backend, which launcher options, which worker mode.
 JOB_KINDS = ("elastic-spare", "fixed", "preload", "recoverable", "static")
-#: Backends each job kind runs on (etcd is not run by this harness yet: docs/chaos.md).
+#: The backend each job kind runs on by default; a campaign asked for etcd runs the c10d kinds over
+#: etcd as well (or instead): :func:`job_backends`.
 BACKEND_OF = {"elastic-spare": "c10d", "fixed": "c10d", "preload": "c10d", "recoverable": "c10d", "static": "static"}
+#: Every backend a campaign can draw; etcd jobs need the launcher-etcd plugin and an etcd binary.
+BACKENDS = ("c10d", "static", "etcd")
+#: The backends a campaign draws unless asked for others (the CI campaign's).
+DEFAULT_BACKENDS = ("c10d", "static")
+#: Backends whose nodes rendezvous dynamically: spares, late nodes, re-formed rounds.
+DYNAMIC_BACKENDS = frozenset({"c10d", "etcd"})
+#: Members of an etcd job's cluster, each in a namespace host of its own: one may die, two keep the quorum.
+ETCD_MEMBERS = 3
+
+
+def job_backends(job_kinds: tuple[str, ...], backends: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The ``(job kind, backend)`` pairs a campaign over ``backends`` draws from, in a fixed order.
+
+    A kind runs on its own backend (:data:`BACKEND_OF`) where that is one of ``backends``, and a
+    c10d kind also on etcd where etcd is: with the default backends the pairs are
+    :data:`JOB_KINDS` in order, so the default plan is what it was before etcd jobs existed.
+    """
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
+    pairs = []
+    for kind in job_kinds:
+        for backend in backends:
+            if backend == BACKEND_OF[kind] or (backend == "etcd" and BACKEND_OF[kind] == "c10d"):
+                pairs.append((kind, backend))
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,11 @@ class JobSpec:
         return str(self.max_nodes) if self.min_nodes == self.max_nodes else f"{self.min_nodes}:{self.max_nodes}"
 
     @property
+    def etcd_members(self) -> int:
+        """Members of the etcd cluster the job rendezvous on (0: not an etcd job), each in a host of its own."""
+        return ETCD_MEMBERS if self.backend == "etcd" else 0
+
+    @property
     def elastic(self) -> bool:
         return self.min_nodes < self.max_nodes or self.active > self.max_nodes or self.hosts > self.max_nodes
 
@@ -57,6 +89,7 @@ class FaultSpec:
     the host it hits, the local rank (for worker faults), the moment and how long it lasts."""
 
     kind: str
+    #: The victim's host; for ``etcd-member-killed``, the index of the etcd member (its own host).
     host: int
     local_rank: int = 0
     #: Injected once a group has checked this step, ...
