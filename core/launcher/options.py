@@ -45,7 +45,7 @@ def core_groups() -> tuple[FlagGroup[Any], ...]:
 
     return (rendezvous.FLAGS, workers.FLAGS, events.FLAGS, logs.FLAGS, numa.FLAGS, hangs.FLAGS,
             health.FLAGS, stragglers.FLAGS, status.FLAGS, preemption.FLAGS, recovery.FLAGS, workers.PRELOAD_FLAGS,
-            clusters.FLAGS)
+            workers.PROGRESS_FLAGS, clusters.FLAGS)
 
 
 def flag_groups(manager: LauncherPluginManager | None = None) -> tuple[FlagGroup[Any], ...]:

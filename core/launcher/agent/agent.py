@@ -49,6 +49,7 @@ from launcher.store.api import StoreError
 from launcher.stragglers.settings import monitor_for as straggler_monitor
 
 if TYPE_CHECKING:  # pragma: no cover
+    from launcher.agent.progress import ProgressTracker
     from launcher.events.bus import EventBus
     from launcher.failures.oom import OomWatch
     from launcher.failures.report import RankState, WorkerFailure
@@ -103,6 +104,8 @@ class Agent:
         self._recovery: InPlaceRecovery | None = None  # the workers' control channel (launcher.recovery)
         #: The group an in-place recovery keeps for the next round (launcher.agent.attempt).
         self._kept: WorkerGroup | None = None
+        #: --max-no-progress-restarts (launcher.agent.progress): made once the first workers run.
+        self._progress: ProgressTracker | None = None
 
     @property
     def recoveries_in_place(self) -> int:
@@ -177,6 +180,7 @@ class Agent:
                 self._recovery = InPlaceRecovery(recovery or RecoverySettings(), watchdog.token, self._emit,
                                                  lambda: self._signals.received is not None)
                 stack.callback(self._recovery.close)
+            stack.callback(lambda: self._progress.close() if self._progress is not None else None)
             pump = OutputPump()
             stack.callback(pump.close)
             try:
@@ -359,7 +363,18 @@ class Agent:
             charged = False
             previous = info
             report.joined(info, handler)
-            group = start_attempt(self, info, pump, watchdog)
+            try:
+                group = start_attempt(self, info, pump, watchdog)
+            except LaunchError as exc:
+                if self._progress is None or exc is not self._progress.verdict:
+                    raise
+                from launcher.agent.progress import end_job
+
+                return end_job(self, self._progress.verdict)  # the restarts made no progress
+            if self._progress is None and plan.settings.get("progress", 1):  # off the first start's path
+                from launcher.agent.progress import tracker_for
+
+                self._progress = tracker_for(plan, watchdog.token)
             self._health.poll(handler)  # nodes kept out by health checks, named once the workers run
             # Loaded once the workers run: off the path to their first start.
             from launcher.agent.barrier import exit_barrier

@@ -30,6 +30,7 @@ __all__ = ["start_attempt"]
 def _slots(agent: Agent, info: RendezvousInfo) -> tuple[list[WorkerSlot], dict[int, dict[str, str]]]:
     """This round's slots and their environments (torchrun's variables on the plan's base)."""
     plan = agent.plan
+    progress = agent._progress  # --max-no-progress-restarts: agreed with the ranks (launcher.agent.progress)
     with agent._signals.interruptible():  # waits for every node's share of the ranks
         ranks = assign_ranks(
             info.store,
@@ -39,7 +40,11 @@ def _slots(agent: Agent, info: RendezvousInfo) -> tuple[list[WorkerSlot], dict[i
             plan.role,
             plan.nproc_per_node,
             timeout=max(60.0, plan.exit_barrier_timeout),
+            share=progress.record(agent._tally) if progress is not None else None,
+            combine=progress.combiner() if progress is not None else None,
         )
+    if progress is not None:
+        progress.adopt(ranks.shared)  # raises NoProgress: no worker starts
     slots = []
     envs: dict[int, dict[str, str]] = {}
     for local_rank in range(plan.nproc_per_node):

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "FLAGS",
     "PRELOAD_FLAGS",
+    "PROGRESS_FLAGS",
     "PreloadSettings",
     "MAX_MONITOR_INTERVAL",
     "START_METHODS",
@@ -303,5 +304,24 @@ PRELOAD_FLAGS: FlagGroup[PreloadSettings] = FlagGroup(
              help="Comma list of modules ('torch', ...) that a template process imports once per node; every "
              "worker, at each start and restart, is forked from it instead of importing them again "
              "(default: none)."),
+    ),
+)
+
+
+#: ``--max-no-progress-restarts`` when not given (:data:`launcher.agent.progress.DEFAULT_LIMIT`,
+#: repeated here so that a launch that does not use the flag never imports that module).
+DEFAULT_NO_PROGRESS_RESTARTS = 3
+
+#: Declared here for the same reason as ``--preload``; read by :func:`launcher.agent.progress.read_progress`.
+PROGRESS_FLAGS: FlagGroup[int] = FlagGroup(
+    name="progress",
+    title="restarts without progress",
+    read="launcher.agent.progress:read_progress",
+    unset=DEFAULT_NO_PROGRESS_RESTARTS,
+    flags=(
+        Flag("--max-no-progress-restarts", default=str(DEFAULT_NO_PROGRESS_RESTARTS),
+             help="Stop restarting, and exit 93 (do not requeue), once this many restarts in a row ended before "
+             "the job passed the furthest step its ranks gave launcher.heartbeat(step); jobs that give no step "
+             f"are never stopped. 0: off (default: {DEFAULT_NO_PROGRESS_RESTARTS})."),
     ),
 )

@@ -290,8 +290,25 @@ def main() -> None:
     if job and os.path.isdir(job):  # a process moved into it meanwhile (never expected)
         cgroup_kill(job)
         cgroup_remove(job)
+    if token:
+        remove_step_records(token)
     if notice:
         run_notice(notice)
+
+
+def remove_step_records(token: str) -> None:
+    """Remove the agent's step directory (``launcher.hangs.progress.step_dirs``: ``/dev/shm`` or
+    the temporary directory, named after the token), which the agent removes itself unless it was
+    killed; the same places as there, spelled out: this script cannot import launcher."""
+    name = "launcher-steps-" + token.rsplit(":", 1)[-1]
+    roots = ["/dev/shm", *(os.environ.get(v, "") for v in ("TMPDIR", "TEMP", "TMP")), "/tmp", "/var/tmp", "/usr/tmp"]
+    for root in dict.fromkeys(r for r in roots if r):
+        folder = os.path.join(root, name)
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(folder):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(folder, entry))
+            os.rmdir(folder)
 
 
 def run_notice(argv: list[bytes], timeout: float = 30.0) -> None:

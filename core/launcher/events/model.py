@@ -139,6 +139,8 @@ EVENT_FIELDS: Mapping[str, Mapping[str, str]] = {
     JOB_FAILED: {
         "reason": "one line: why the job failed on this node",
         "failures": "number of failed workers, when workers failed",
+        "step": "with reason 'no progress': the furthest step the job reached, which its last restarts did not pass",
+        "no_progress_restarts": "with reason 'no progress': the restarts in a row that ended before passing it",
     },
 }
 

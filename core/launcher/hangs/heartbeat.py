@@ -169,7 +169,8 @@ def heartbeat(step: int | None = None) -> None:
     Call it once per step (or more often): a rank that has called it once and then does not
     for ``--hang-timeout`` seconds is reported as hung. Costs well under a microsecond.
     ``step``, the training step just finished, gives ``--straggler-detection`` each rank's step
-    rate (``docs/stragglers.md``).
+    rate (``docs/stragglers.md``), and tells the agent how far the job got, which
+    ``--max-no-progress-restarts`` judges restarts by (``docs/failures.md``).
     """
     state = _state
     if state is None or (not state and _retry_at and _monotonic() >= _retry_at):
@@ -184,12 +185,22 @@ def heartbeat(step: int | None = None) -> None:
 
 
 def _load_step_writer() -> Any:
-    # Loaded at the first step given: a job without --straggler-detection maps nothing more.
+    # Loaded at the first step given: the step record that --max-no-progress-restarts judges by
+    # (launcher.hangs.progress), and with --straggler-detection the straggler slot's step too.
     global _step_writer
-    from launcher.stragglers.timing import record_step
+    from launcher.hangs.progress import record_step as record_progress
+    from launcher.stragglers.timing import STRAGGLER_FILE_ENV, record_step
 
-    _step_writer = record_step
-    return record_step
+    if not os.environ.get(STRAGGLER_FILE_ENV):
+        _step_writer = record_progress
+        return record_progress
+
+    def both(step: int) -> None:
+        record_step(step)
+        record_progress(step)
+
+    _step_writer = both
+    return both
 
 
 class quiet:  # noqa: N801 - used like a function: ``with launcher.quiet("checkpoint", timeout=600):``
