@@ -335,6 +335,42 @@ def test_an_agent_paused_while_its_workers_finish_fails_nobody(make_network, sta
     assert "Root cause" not in text and "was lost before it finished" not in text, agents[0].describe(80)
 
 
+@pytest.mark.timeout(180)
+def test_workers_run_on_beside_a_paused_agent_and_a_job_finishing_then_succeeds(make_network, start_agent,
+                                                                                 tmp_path):
+    """Issue 45 (the campaign's seed 3 trial 12): node 1's agent is paused while every worker
+    trains on. Node 0 finds node 1 silent, but nothing shows it gone (its host answers): node 0's
+    workers are not stopped at once for it. The training finishes meanwhile, node 0 waits at its
+    barrier for node 1, and once node 1 runs again both exit 0. (Stopping node 0's workers at once
+    had made node 1, finding a node re-forming after it finished, end the job: every node exit 1.)"""
+    net = make_network(2)
+    port = free_port(net[0])
+    go = tmp_path / "go"
+    env = {"MN_RUN": "*:0", "MN_GO": str(go), **STORE_GROUP}
+    # A heartbeat timeout, hence a grace, that a loaded machine's worker exits fit in.
+    args = [[a.replace("heartbeat_timeout=3", "heartbeat_timeout=8") for a in c10d_args(net, i, port, "pause-mid")]
+            for i in (0, 1)]
+    agents = [start_agent(net[i], args[i], name=f"node{i}", env=env) for i in (0, 1)]
+    wait_until(lambda: ("rank 0 ready" in agents[0].stdout and "rank 1 ready" in agents[0].stdout)
+               or any(a.poll() is not None for a in agents), 90,
+               "the group to form (node 0's ranks ready)", on_timeout=lambda: logs(agents))
+    assert all(a.poll() is None for a in agents), logs(agents)
+    os.kill(agents[1].pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: "the workers here run on" in agents[0].stderr or agents[0].poll() is not None, 60,
+                   "node 0 to find node 1 silent and let its workers run on", on_timeout=lambda: logs(agents))
+        go.write_text("")
+        wait_until(lambda: (AT_BARRIER in agents[0].stderr and not running_workers(net[1], agents[1]))
+                   or agents[0].poll() is not None, 60,
+                   "every worker to finish, node 0 at its barrier", on_timeout=lambda: logs(agents))
+        assert agents[0].poll() is None, logs(agents)
+    finally:
+        os.kill(agents[1].pid, signal.SIGCONT)
+    assert wait_all(agents, BOUND, expect=None) == [0, 0], logs(agents)
+    text = own_lines(agents[0].stderr)
+    assert "re-forming the group" not in text and "Root cause" not in text, agents[0].describe(80)
+
+
 # -- etcd: the same endings, the store a real etcd in a third host ---------------------------------
 
 

@@ -66,6 +66,8 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
         lost = [node for node in lost if node not in gone]
         if finished:
             waiting = 0  # the round cannot re-form for them: a finished node joins no other round
+    if lost and _still_suspected(handler, reporter, lost):
+        return None
     if lost:
         reporter.lost = list(lost)
         log.warning("%s; re-forming the group", _gone(handler, lost))
@@ -77,6 +79,46 @@ def membership_changed(handler: RendezvousHandler, reporter: NodeReporter,
         emit("membership_changed", lost=[], waiting=waiting)
         return WatchOutcome.MEMBERSHIP
     return None
+
+
+#: The most seconds the workers run on beside a node lost by heartbeat silence alone.
+SUSPECT_GRACE_MAX = 30.0
+#: The grace where the rendezvous' heartbeat timeout is not known (``--rdzv-conf`` did not say).
+SUSPECT_GRACE_DEFAULT = 10.0
+
+
+def _still_suspected(handler: RendezvousHandler, reporter: NodeReporter, lost: list[str]) -> bool:
+    """Whether every node of ``lost`` was reported for heartbeat silence alone, less than the
+    grace ago: this node's workers then run on (the caller re-forms nothing yet).
+
+    Silence is the weakest evidence: an agent that is paused (SIGSTOP, a frozen VM, a swap storm)
+    stops beating while its host still answers (a dead or cut-off host is confirmed by the store
+    within about the heartbeat timeout, and a firmer report replaces this one) and while its
+    workers train on. Stopping healthy workers at once for it turned a job finishing at that
+    moment into a failure on every node (the chaos campaign, pause-agent). During the grace the
+    workers themselves decide: they finish (the exit barrier waits for a silent node), fail, or
+    hang; past it, the group re-forms as for any lost node."""
+    from launcher.rendezvous.departures import HEARTBEAT_TIMEOUT
+
+    reasons = getattr(handler, "departures", None)
+    try:
+        why = reasons() if callable(reasons) else {}
+    except Exception:  # a third-party handler's bug: act on the loss as before
+        return False
+    if not isinstance(why, dict) or any(why.get(node) != HEARTBEAT_TIMEOUT for node in lost):
+        return False
+    grace = min(SUSPECT_GRACE_MAX, heartbeat_timeout(reporter.plan) or SUSPECT_GRACE_DEFAULT)
+    now = time.monotonic()
+    new = [node for node in lost if node not in reporter.suspected]
+    for node in new:
+        reporter.suspected[node] = now
+    if now - min(reporter.suspected[node] for node in lost) >= grace:
+        return False
+    if new:
+        log.warning("node(s) %s sent no heartbeat within the heartbeat timeout, but nothing shows them gone "
+                    "(a paused agent's host still answers): the workers here run on for up to %.0f s before "
+                    "the group re-forms without them", ", ".join(sorted(new)), grace)
+    return True
 
 
 def reform_blocked(info: RendezvousInfo, handler: RendezvousHandler, reporter: NodeReporter, run_id: str,

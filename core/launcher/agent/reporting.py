@@ -70,12 +70,17 @@ class NodeReporter:
         self.lost: list[str] = []
         #: Nodes that finished and then vanished (already said; they are no loss).
         self.gone_after_finishing: set[str] = set()
+        #: Nodes reported lost by heartbeat silence alone, and when this node first saw it
+        #: (``time.monotonic()``): the workers here get a grace before they are stopped for them
+        #: (:func:`launcher.agent.membership.membership_changed`).
+        self.suspected: dict[str, float] = {}
         #: The hang this node is restarting after (set by the agent with its pending failures):
         #: the report of a restart that cannot happen names the hung rank, not the ranks stopped.
         self.pending_hang: HangReport | None = None
 
     def joined(self, info: RendezvousInfo, handler: RendezvousHandler) -> None:
         """Remember where this node stands in a multi-node round."""
+        self.suspected.clear()  # a new round: its losses are judged afresh
         if info.group_world_size > 1:
             self.group_rank = info.group_rank
             announced = handler.node_address() if isinstance(handler, StoreBackedHandler) else None

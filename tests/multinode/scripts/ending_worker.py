@@ -14,6 +14,7 @@ scenario.
 (``0:0,1:0,*:600``: ranks 0 and 1 finish at once, the others run for ten minutes).
 ``MN_FAIL_RANK`` (a global rank) then exits with ``MN_FAIL_CODE`` instead of 0, after writing
 ``boom: rank R gives up (exit C)`` to stderr, as a rank failing in its post-training code would.
+``MN_GO=PATH``: once the group formed, each rank waits until PATH exists before it works.
 With ``MN_FAIL_AFTER_EXITS=DIR`` (an empty directory of its own) and ``MN_FINISHERS=0,1``, it
 fails only once those ranks have exited and a second more has passed (their agents then wait at
 their exit barriers), however slow the machine: each rank writes its pid to DIR once ready.
@@ -63,6 +64,9 @@ def main() -> int:
     timeout = float(os.environ.get("MN_PG_TIMEOUT", "60"))
     rank = form_store_group(timeout) if os.environ.get("MN_GROUP") == "store" else form_gloo_group(timeout)
     print(f"rank {rank} ready", flush=True)
+    go = os.environ.get("MN_GO")
+    while go and not os.path.exists(go):  # the test says when to work (an event, not a delay)
+        time.sleep(0.05)
     pids = os.environ.get("MN_FAIL_AFTER_EXITS")
     if pids:
         with open(os.path.join(pids, f"{rank}.tmp"), "w") as f:
