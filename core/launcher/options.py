@@ -42,10 +42,11 @@ def core_groups() -> tuple[FlagGroup[Any], ...]:
     from launcher.rendezvous import settings as rendezvous
     from launcher.status import settings as status
     from launcher.stragglers import settings as stragglers
+    from launcher.topology import settings as topology
 
     return (rendezvous.FLAGS, workers.FLAGS, events.FLAGS, logs.FLAGS, numa.FLAGS, hangs.FLAGS,
             health.FLAGS, stragglers.FLAGS, status.FLAGS, preemption.FLAGS, recovery.FLAGS, workers.PRELOAD_FLAGS,
-            workers.PROGRESS_FLAGS, clusters.FLAGS)
+            workers.PROGRESS_FLAGS, clusters.FLAGS, topology.FLAGS)
 
 
 def flag_groups(manager: LauncherPluginManager | None = None) -> tuple[FlagGroup[Any], ...]:

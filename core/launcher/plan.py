@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.preemption.settings import PreemptionPlan
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
     from launcher.rendezvous.settings import RendezvousSettings
+    from launcher.topology.api import NodeLocation
 
 __all__ = [
     "EventsPlan",
@@ -173,6 +174,9 @@ class LaunchPlan:
     metrics_port: int | None = None
     #: ``--preemption-signals``/``--preemption-grace`` (launcher.preemption); ``None``: off.
     preemption: PreemptionPlan | None = None
+    #: ``--topology``: where this node sits (launcher.topology), found when the plan is built;
+    #: ``None``: off (torchrun's order), or ``auto`` found nothing.
+    topology: NodeLocation | None = None
 
 
 def build_plan(
@@ -217,6 +221,11 @@ def plan_from_settings(
     numa: NumaSettings = settings["numa"]
     hangs: HangSettings = settings["hangs"]
     backend, event_handlers = resolve_plugins(settings, manager)
+    location = None
+    if settings.get("topology") is not None:  # imported only with --topology: a plain start is unchanged
+        from launcher.topology.locate import locate_node
+
+        location = locate_node(settings["topology"], manager, rdzv.local_addr)
     if logs.log_dir:
         check_log_dir(logs.log_dir)
     from launcher.limits import check_worker_limits
@@ -281,6 +290,7 @@ def plan_from_settings(
         health=_health_plan(settings, manager, entry, base_env, node, logs.log_dir, preload, workers),
         metrics_port=_metrics_port(settings),
         preemption=preemption,
+        topology=location,
     )
 
 

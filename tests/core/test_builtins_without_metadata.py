@@ -96,6 +96,9 @@ def test_every_builtin_is_listed_without_metadata(bare_path: str) -> None:
         ("health check", "disk"),
         ("health check", "python"),
         ("health check", "command"),
+        ("topology source", "file"),
+        ("topology source", "slurm"),
+        ("topology source", "nvml"),
     }
     assert {row["plugin"] for row in rows} == {builtin_plugin_name(module) for module in BUILTIN_PLUGINS}
     assert "builtin-logs-specs" in {row["plugin"] for row in rows}  # the names LAUNCHER_BLOCK_PLUGINS takes

@@ -58,6 +58,8 @@ OFF_THE_START_PATH = (
     "launcher_etcd.settings", "launcher_nodecheck.checks", "launcher_webhook.settings",
     # The Python API's input: the command line builds its plan from the flag groups' settings.
     "launcher.config",
+    # --topology's reader, sources and order: only a launch that gives the flag loads them.
+    "launcher.topology.locate", "launcher.topology.sources", "launcher.topology.order", "launcher.topology.api",
 )
 
 #: Plugin distributions installed for the plain launch below (their source directories and an

@@ -76,7 +76,7 @@ def test_every_example_file_is_in_the_distribution(source_tree: Path) -> None:
     assert files == sorted(
         ["pyproject.toml", "acme_launcher/__init__.py", "acme_launcher/rendezvous.py", "acme_launcher/logs.py",
          "acme_launcher/events.py", "acme_launcher/numa.py", "acme_launcher/devices.py", "acme_launcher/cluster.py",
-         "acme_launcher/health.py", "acme_launcher/flags.py", "tests/test_acme.py"]
+         "acme_launcher/health.py", "acme_launcher/flags.py", "acme_launcher/topology.py", "tests/test_acme.py"]
     )
 
 
@@ -92,6 +92,7 @@ def test_installed_plugins_are_listed(site: str) -> None:
         ("device provider", "acme"),
         ("cluster environment", "acme-grid"),
         ("health check", "acme-fabric"),
+        ("topology source", "acme-inventory"),
     }
 
 
@@ -359,3 +360,18 @@ def test_health_check_example(site: str, reporter: tuple[str, Path], tmp_path: P
         fine = run_launcher(args, env={"PYTHONPATH": site, "ACME_FABRIC_SOCKET": missing})
     assert fine.returncode == 0, fine.stderr
     assert sorted(_reports(out)) == [0]
+
+
+def test_topology_source_example(site: str, reporter: tuple[str, Path], tmp_path: Path) -> None:
+    script, out = reporter
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text('{"127.0.0.1": {"pod": "pod2", "rack": "rack7"}}')
+    args = ["--standalone", "--local-addr", "127.0.0.1", "--topology", "acme-inventory", script, str(out)]
+    placed = run_launcher(args, env={"PYTHONPATH": site, "ACME_INVENTORY": str(inventory), "LOGLEVEL": "INFO"})
+    assert placed.returncode == 0, placed.stderr
+    assert "this node is at pod2.rack7" in placed.stderr, placed.stderr
+    assert sorted(_reports(out)) == [0]
+    inventory.write_text("{}")
+    refused = run_launcher(args, env={"PYTHONPATH": site, "ACME_INVENTORY": str(inventory)})
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "--topology acme-inventory has no path for this node: 127.0.0.1" in refused.stderr

@@ -203,6 +203,14 @@ class Agent:
                 with self._signals.interruptible():  # a store nobody serves yet is waited for (join_timeout)
                     handler = self._handler if self._handler is not None else plan.rendezvous.create_handler()
                 self._handler_used = handler
+                if plan.topology is not None:  # --topology: the location goes in this node's join record
+                    if hasattr(handler, "topology"):
+                        handler.topology = plan.topology
+                    elif plan.rendezvous.parameters.max_nodes == 1:
+                        log.info("--topology: this node is at %s (one node: no order to give)", plan.topology)
+                    else:
+                        log.warning("--topology is ignored: the %s rendezvous backend assigns group ranks itself",
+                                    plan.rendezvous.backend.name)
                 if hasattr(handler, "stop_requested"):  # a host serving the others' departure stops too
                     handler.stop_requested = lambda: self._signals.received is not None
                 stack.callback(lambda: self._close_rendezvous(handler, result.exit_code))

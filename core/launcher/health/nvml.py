@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "NVML_ERROR_GPU_IS_LOST",
+    "NVML_GPU_FABRIC_STATE_COMPLETED",
     "NVML_ERROR_NOT_SUPPORTED",
     "NVML_SUCCESS",
     "CtypesNvml",
@@ -73,10 +74,33 @@ class NvmlLibrary(Protocol):
     def processes(self, device: Any) -> tuple[int, list[tuple[int, int | None]]]:
         """``(pid, GPU memory bytes or None)`` of each compute process on the device (``launcher status``)."""
         ...
+    def fabric_info(self, device: Any) -> tuple[int, tuple[str, int, int, int]]:
+        """``(cluster UUID, clique id, state, status)`` of the device's NVLink fabric
+        (nvmlDeviceGetGpuFabricInfo; ``--topology nvml``). ``state`` is
+        :data:`NVML_GPU_FABRIC_STATE_COMPLETED` once the fabric manager registered the GPU;
+        ``status`` is that registration's NVML return code."""
+        ...
 
 
 class _Utilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+#: NVML_GPU_FABRIC_UUID_LEN, and nvmlGpuFabricState_t's "registered with the fabric manager".
+_FABRIC_UUID_LEN = 16
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+
+
+class _FabricInfo(ctypes.Structure):
+    # nvmlGpuFabricInfo_t (nvml.h, R535 and later): the NVLink domain a GPU belongs to.
+    _fields_ = [("clusterUuid", ctypes.c_ubyte * _FABRIC_UUID_LEN), ("status", ctypes.c_int),
+                ("cliqueId", ctypes.c_uint), ("state", ctypes.c_ubyte)]
+
+
+def format_fabric_uuid(raw: bytes) -> str:
+    """NVML's 16 bytes of cluster UUID in the usual 8-4-4-4-12 form."""
+    text = raw.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
 
 
 class _ProcessInfo(ctypes.Structure):
@@ -169,6 +193,12 @@ class CtypesNvml:
                            else int(info.usedGpuMemory)) for info in infos[: count.value]]
         return 13, []  # function not found: a driver older than R450
 
+    def fabric_info(self, device: Any) -> tuple[int, tuple[str, int, int, int]]:
+        info = _FabricInfo()
+        code = self._call("nvmlDeviceGetGpuFabricInfo", device, ctypes.byref(info))
+        return code, (format_fabric_uuid(bytes(info.clusterUuid)), int(info.cliqueId), int(info.state),
+                      int(info.status))
+
 
 class RecordedNvml:
     """:class:`NvmlLibrary` replaying recorded answers (what ``record_nvml`` wrote on a machine).
@@ -176,7 +206,8 @@ class RecordedNvml:
     ``answers`` holds ``init`` (a return code), ``devices`` (a list, one mapping per device
     index, of call name to ``[code, value]``: ``handle``, ``uuid``, ``uncorrectable_ecc_errors``,
     ``retired_pages_pending``, ``remapped_rows``, and for ``launcher status`` ``utilization``
-    (``[gpu %, memory %]``) and ``processes`` (``[[pid, bytes], ...]``)) and optionally ``device_count`` (``[code,
+    (``[gpu %, memory %]``) and ``processes`` (``[[pid, bytes], ...]``), and for ``--topology nvml``
+    ``fabric_info`` (``[uuid, clique id, state, status]``)) and optionally ``device_count`` (``[code,
     value]``; default: the number of devices listed). A call missing from a device's mapping
     answers "not supported".
     """
@@ -239,9 +270,14 @@ class RecordedNvml:
         code, value = self._device_answer(device, "processes", [])
         return code, [(int(pid), None if used is None else int(used)) for pid, used in value]
 
+    def fabric_info(self, device: Any) -> tuple[int, tuple[str, int, int, int]]:
+        code, value = self._device_answer(device, "fabric_info", ["", 0, 0, 0])
+        uuid, clique, state, status = value
+        return code, (str(uuid), int(clique), int(state), int(status))
+
 
 def record_nvml(nvml: NvmlLibrary) -> dict[str, Any]:
-    """Every answer the ``gpu`` check would read from ``nvml``, in :class:`RecordedNvml`'s form
+    """Every answer the ``gpu`` check and ``--topology nvml`` would read from ``nvml``, in :class:`RecordedNvml`'s form
     (``python -c 'import json; from launcher.health.nvml import *; print(json.dumps(record_nvml(CtypesNvml())))'``)."""
     record: dict[str, Any] = {"init": nvml.init(), "devices": []}
     if record["init"] != NVML_SUCCESS:
@@ -254,7 +290,7 @@ def record_nvml(nvml: NvmlLibrary) -> dict[str, Any]:
             entry: dict[str, Any] = {"handle": [hcode, index]}
             if hcode == NVML_SUCCESS:
                 for call in ("uuid", "uncorrectable_ecc_errors", "retired_pages_pending", "remapped_rows",
-                             "utilization", "processes"):
+                             "utilization", "processes", "fabric_info"):
                     entry[call] = list(getattr(nvml, call)(device))
             record["devices"].append(entry)
     finally:

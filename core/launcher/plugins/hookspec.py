@@ -1,4 +1,4 @@
-"""Hook specifications: the seven kinds of plugin launcher accepts, and the plugins' own flags.
+"""Hook specifications: the eight kinds of plugin launcher accepts, and the plugins' own flags.
 
 A plugin is any module or object with functions decorated by :data:`launcher.plugins.hookimpl`
 and named after one of the hooks below. It is found through the ``launcher`` entry-point group::
@@ -35,6 +35,7 @@ from launcher.plugins.types import (
     LogsSpecsProvider,
     NumaStrategy,
     RendezvousBackend,
+    TopologySource,
 )
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
@@ -214,6 +215,33 @@ class LauncherSpecs:
             def launcher_health_checks():
                 yield HealthCheck(name="scratch", description="/scratch is mounted",
                                   check=_scratch_mounted, time_limit=5.0, default=False)
+        """
+
+    @hookspec
+    def launcher_topology_sources(self) -> Iterable[TopologySource]:  # type: ignore[empty-body]
+        """Register topology sources (``--topology NAME``): where this node sits in the network.
+
+        Example, a site inventory that knows each host's rack and switch from a JSON file that
+        maps host names to ``"row3.rack12"``::
+
+            import json
+
+            from launcher.plugins import hookimpl
+            from launcher.plugins.types import TopologySource
+            from launcher.topology.api import NodeLocation, NoLocation
+
+            def _locate(query):
+                with open("/etc/inventory.json") as file:
+                    racks = json.load(file)
+                for name in query.names:
+                    if name in racks:
+                        return NodeLocation(tuple(racks[name].split(".")))
+                raise NoLocation(f"{query.describe} is not in /etc/inventory.json")
+
+            @hookimpl
+            def launcher_topology_sources():
+                yield TopologySource(name="inventory", description="Racks from /etc/inventory.json",
+                                     locate=_locate)
         """
 
     @hookspec

@@ -93,6 +93,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "launcher.plugins.builtin.devices",
     "launcher.plugins.builtin.clusters",
     "launcher.plugins.builtin.health_checks",
+    "launcher.plugins.builtin.topology",
 )
 
 R = TypeVar("R", bound=Registration)

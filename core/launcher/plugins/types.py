@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
     from launcher.numa.strategies import AffinityStrategy
     from launcher.rendezvous.api import RendezvousHandler, RendezvousParameters
     from launcher.store.api import KeyValueStore
+    from launcher.topology.api import NodeLocation, TopologyQuery
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
@@ -320,6 +321,32 @@ class HealthCheck(Registration):
             raise ValueError(f"health check {self.name!r}: time_limit must be seconds in (0, 3600]")
 
 
+@dataclass(frozen=True)
+class TopologySource(Registration):
+    """Where a node sits in the network (``--topology NAME[,NAME...]``; ``auto`` tries some).
+
+    ``locate`` is called once when the agent starts, on the node itself, with a
+    :class:`~launcher.topology.api.TopologyQuery` (the node's address and host names, the
+    environment, the text after ``NAME:``), and returns a
+    :class:`~launcher.topology.api.NodeLocation`: a path from the top of the network down (NVLink
+    domain innermost) and, optionally, the node's order inside its innermost domain. It raises
+    :class:`~launcher.topology.api.NoLocation` (one line: why) when it has no path for this
+    node, and :class:`~launcher.errors.UsageError` when its argument is wrong (an unreadable
+    file). It must not create a CUDA context or import torch. ``takes_argument``: the name must
+    be written ``NAME:ARGUMENT`` (``file:PATH``); ``auto``: ``--topology auto`` asks this source,
+    whose paths are then put together in ``priority`` order (lowest, the outermost, first: the
+    built-ins use 20 for ``slurm`` and 90 for ``nvml``).
+    """
+
+    kind: ClassVar[str] = "topology source"
+    hook: ClassVar[str] = "launcher_topology_sources"
+
+    locate: Callable[[TopologyQuery], NodeLocation] = field(kw_only=True)
+    takes_argument: bool = field(default=False, kw_only=True)
+    auto: bool = field(default=False, kw_only=True)
+    priority: int = field(default=100, kw_only=True)
+
+
 #: Every kind of registration, in the order listings show them. The classes themselves are the
 #: kinds: there is no table of kind names to keep in step with them.
 REGISTRATION_CLASSES: tuple[type[Registration], ...] = (
@@ -330,4 +357,5 @@ REGISTRATION_CLASSES: tuple[type[Registration], ...] = (
     DeviceProvider,
     ClusterEnvironment,
     HealthCheck,
+    TopologySource,
 )

@@ -131,6 +131,9 @@ class DynamicRendezvousHandler:
         self._node = NodeDescriptor.generate(local_addr)
         self._is_host = is_host
         self.local_world_size = local_world_size
+        #: ``--topology``: this node's location (a :class:`~launcher.topology.api.NodeLocation`),
+        #: written in its join record so that the closer orders the round by path; ``None``: off.
+        self.topology: Any = None
         self._backend_name = backend_name
         self._on_shutdown = on_shutdown
         self._store_address = store_address
@@ -249,6 +252,7 @@ class DynamicRendezvousHandler:
             was_rank0=self._was_rank0,
             local_world_size=self.local_world_size,
             via=_local_address(self._ops.store),
+            topo=self._topology_record(),
         )
         try:
             membership = self._rounds.join(previous, record, deadline)
@@ -278,12 +282,13 @@ class DynamicRendezvousHandler:
             self._watcher.start()
         master_addr, master_port = self._workers.locate(membership)
         log.info(
-            "rendezvous %r: round %d formed with %d nodes; this node %s is group rank %d",
+            "rendezvous %r: round %d formed with %d nodes; this node %s is group rank %d%s",
             self._run_id,
             membership.round,
             membership.size,
             self._node.id,
             membership.rank,
+            f" at {self.topology}" if self.topology is not None else "",
         )
         return RendezvousInfo(
             store=RoundStore(self._ops, self._keys.agent(membership.round)),
@@ -303,6 +308,14 @@ class DynamicRendezvousHandler:
             left=membership.left,
             left_count=membership.left_count,
         )
+
+    def _topology_record(self) -> dict[str, Any] | None:
+        """This node's location as its join record carries it (``None`` without ``--topology``)."""
+        if self.topology is None:
+            return None
+        from launcher.topology.order import location_record
+
+        return location_record(self.topology.path, self.topology.order)
 
     # -- while the workers run ---------------------------------------------------------------
 

@@ -67,10 +67,12 @@ class NodeDescriptor:
         return cls(local_addr or socket.getfqdn(), os.getpid(), next(_local_ids))
 
     def record(
-        self, *, is_host: bool, was_rank0: bool, local_world_size: int | None, via: str | None = None
+        self, *, is_host: bool, was_rank0: bool, local_world_size: int | None, via: str | None = None,
+        topo: Mapping[str, Any] | None = None,
     ) -> bytes:
         """The participant record this node writes under ``<r>/node/<i>``; ``via`` is the
-        address its store connection comes from (what the store's host sees), when known."""
+        address its store connection comes from (what the store's host sees), when known;
+        ``topo`` its location with ``--topology`` (:func:`launcher.topology.order.location_record`)."""
         value: dict[str, Any] = {
             "id": self.id,
             "addr": self.addr,
@@ -82,6 +84,8 @@ class NodeDescriptor:
         }
         if via and via != self.addr:
             value["via"] = via
+        if topo:
+            value["topo"] = dict(topo)
         return encode(value)
 
 

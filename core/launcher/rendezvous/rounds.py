@@ -16,7 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from launcher.rendezvous.api import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
+from launcher.rendezvous.api import (
+    SMALL_ROUND_MAX,
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.rendezvous.membership import (
@@ -52,12 +57,16 @@ def sealed_value(
     if len(nodes) < min_nodes:
         return {"state": "aborted", "reason": f"only {len(nodes)} of {count} nodes announced themselves"}
     stable = stable_rank0
+    placed = any("topo" in n for n in nodes)
+    if placed:  # --topology: nodes of one innermost domain adjacent (docs/topology.md)
+        from launcher.topology.order import placement_key
     # Deterministic order: every node would compute the same ranks from the same set.
     nodes = sorted(
         nodes,
         key=lambda n: (
             not (stable and n.get("host")),
             not (stable and n.get("r0")),
+            placement_key(n) if placed else (),
             str(n.get("addr")),
             int(n.get("pid", 0)),
             int(n.get("lid", 0)),
@@ -75,7 +84,25 @@ def sealed_value(
         "hr": hosts[0] if hosts else None,
         # Each participant's join index: which place/<i> record names its rank.
         "idx": [n.get("idx") for n in nodes],
+        # Each participant's path, with --topology only (the closer's INFO line, launcher status).
+        **({"paths": [_path_text(n) for n in nodes]} if placed else {}),
     }
+
+
+def _path_text(node: dict[str, Any]) -> str | None:
+    from launcher.topology.order import record_path
+
+    path = record_path(node)
+    return ".".join(path) if path is not None else None
+
+
+def _placement_line(value: dict[str, Any]) -> str:
+    """``rank 0 10.0.0.1_7_0 at spine0.leaf1, ...``: up to SMALL_ROUND_MAX nodes, then how many more."""
+    ids, paths = value.get("ids") or [], value.get("paths") or []
+    shown = [f"{rank} {node} at {path or '(no path)'}"
+             for rank, (node, path) in enumerate(zip(ids[:SMALL_ROUND_MAX], paths, strict=False))]
+    more = f" and {len(ids) - SMALL_ROUND_MAX} more" if len(ids) > SMALL_ROUND_MAX else ""
+    return ", ".join(shown) + more
 
 
 class Rounds:
@@ -332,6 +359,9 @@ class Rounds:
             self._ops.multi_set([self._keys.place(r, k) for k in range(1, count + 1)], places(value))
         summary = sealed_summary(value, self._previous_ids(r))
         self._ops.compare_set(self._keys.sealed(r), b"", encode(summary))
+        if "paths" in value:
+            log.info("rendezvous %r round %d placed by topology (group rank, node, path): %s",
+                     self._run_id, r, _placement_line(value))
 
     def _previous_ids(self, r: int) -> list[str] | None:
         """The participants of round ``r - 1`` if it formed (its roster: O(N) bytes, read by the

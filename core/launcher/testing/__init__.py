@@ -27,6 +27,9 @@ One suite per kind of plugin (:func:`conformance_suites`):
     the contracts of the other five kinds (cluster environments: sample jobs' environments).
 :class:`HealthCheckConformance`
     health checks: one-line answers within the time limit, nothing left running, sick when it should be.
+:class:`TopologySourceConformance`
+    topology sources: paths for the nodes they place, one-line refusals, an order that keeps each
+    domain together.
 
 Every suite also checks that the plugin module imports quickly and without torch
 (:class:`PluginModuleConformance`). See ``docs/plugins.md``.
@@ -51,6 +54,7 @@ pytest.register_assert_rewrite(
     "launcher.testing.devices_suite",
     "launcher.testing.clusters_suite",
     "launcher.testing.health_suite",
+    "launcher.testing.topology_suite",
 )
 
 if TYPE_CHECKING:  # pragma: no cover - the names below are imported on first use
@@ -73,6 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover - the names below are imported on first us
     )
     from launcher.testing.store_suite import KeyValueStoreConformance
     from launcher.testing.sysfs import FakeTopology, standard_topologies
+    from launcher.testing.topology_suite import TopologySourceConformance
 
 # Where each public name lives. Imported on first use, so that loading the pytest plugin (in
 # every pytest run of an environment that has launcher) imports none of the suites.
@@ -97,6 +102,7 @@ _EXPORTS = {
     "StoreBackendConformance": "rendezvous_suite",
     "create_handler": "rendezvous_suite",
     "KeyValueStoreConformance": "store_suite",
+    "TopologySourceConformance": "topology_suite",
     "FakeTopology": "sysfs",
     "standard_topologies": "sysfs",
 }
@@ -114,6 +120,7 @@ SUITES_BY_KIND: dict[str, tuple[str, str]] = {
     "device provider": ("devices_suite", "DeviceProviderConformance"),
     "cluster environment": ("clusters_suite", "ClusterEnvironmentConformance"),
     "health check": ("health_suite", "HealthCheckConformance"),
+    "topology source": ("topology_suite", "TopologySourceConformance"),
 }
 
 
@@ -155,6 +162,7 @@ __all__ = [
     "SimulatedNode",
     "SimulatedNodes",
     "StoreBackendConformance",
+    "TopologySourceConformance",
     "create_handler",
     "sample_events",
     "standard_contexts",
