@@ -59,12 +59,11 @@ class TopologyQuery:
 
     @property
     def describe(self) -> str:
-        """The node as messages name it: ``10.0.3.7`` or ``10.0.3.7 (host gpu17)``."""
-        names = self.names
-        if not names:
-            return "this node"
-        rest = list(names[1:])
-        return names[0] + (f" (host {', '.join(rest)})" if rest else "")
+        """The node as messages name it: ``10.0.3.7``, ``10.0.3.7 (host gpu17)`` or ``host gpu17``."""
+        hosts = [n for n in self.hostnames if n and n != self.address]
+        if not self.address:
+            return f"host {', '.join(hosts)}" if hosts else "this node"
+        return self.address + (f" (host {', '.join(hosts)})" if hosts else "")
 
 
 @dataclass(frozen=True)
