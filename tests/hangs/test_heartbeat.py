@@ -9,7 +9,7 @@ import textwrap
 import time
 
 import pytest
-from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_SLOT_ENV, quiet
+from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_SLOT_ENV, SLOT_SIZE, quiet
 from launcher.hangs.watch import HangWatch, HeartbeatTable
 
 from tests.conftest import launcher_env
@@ -186,7 +186,7 @@ def test_a_beat_that_goes_nowhere_says_why_once_and_an_unmapped_slot_is_tried_ag
         print("mapped" if hb._state else "unmapped")
         if sys.argv[1:] == ["create"]:
             with open(os.environ["LAUNCHER_HEARTBEAT_FILE"], "wb") as handle:
-                handle.write(bytes(64))
+                handle.write(bytes(hb.SLOT_SIZE))
             launcher.heartbeat()
             print("mapped" if hb._state else "unmapped")
         if sys.argv[1:] == ["child"]:
@@ -211,7 +211,7 @@ def test_a_beat_that_goes_nowhere_says_why_once_and_an_unmapped_slot_is_tried_ag
     late = run(beats, "create")
     assert late.stdout.split() == ["unmapped", "mapped"], late
     assert len(late.stderr.splitlines()) == 1 and "cannot map slot 0" in late.stderr, late
-    assert path.read_bytes() != bytes(64)
+    assert path.read_bytes() != bytes(SLOT_SIZE)
     # A forked child of the worker (a data-loader worker) does nothing and says nothing.
     child = run(beats, "child")
     assert child.stdout.split() == ["mapped", "child", "0"] and child.stderr == "", child

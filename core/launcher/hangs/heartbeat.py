@@ -23,6 +23,13 @@ Slot layout (little-endian, :data:`SLOT_SIZE` bytes, shared with :mod:`launcher.
     8   float64  deadline of the current quiet section, CLOCK_MONOTONIC (0: none)
     16  float64  start of the current quiet section
     24  40 bytes name of the current quiet section, UTF-8, NUL padded
+    64  int64    optimizer steps this worker took (written by the start-up hook's optimizer
+                 step hook, :mod:`launcher.stragglers.timing`, which also stores its beats at 0)
+    72  56 bytes reserved
+
+Progress is not only this module's calls: the start-up hook stores a beat at offset 0 whenever a
+collective of the rank completes or it takes an optimizer step, so a job that never calls
+:func:`heartbeat` is watched too (``docs/hangs.md``).
 """
 
 from __future__ import annotations
@@ -42,9 +49,12 @@ HEARTBEAT_SLOT_ENV = "LAUNCHER_HEARTBEAT_SLOT"
 #: The pid of the one process allowed to beat for the slot (the worker, recorded at its start-up).
 HEARTBEAT_PID_ENV = "LAUNCHER_HEARTBEAT_PID"
 
-SLOT_SIZE = 64
+SLOT_SIZE = 128
 NAME_SIZE = 40
 _BEAT = struct.Struct("<d")
+_STEPS = struct.Struct("<q")
+#: Where a slot holds its optimizer-step count (the same in launcher.stragglers.timing).
+STEPS_OFFSET = 64
 _QUIET = struct.Struct(f"<dd{NAME_SIZE}s")
 _QUIET_OFFSET = 8
 
@@ -258,6 +268,11 @@ def stable_copy(page: Any, offset: int, size: int) -> bytes:
         first = page[offset : offset + size]
         if first == page[offset : offset + size]:
             return bytes(first)
+
+
+def unpack_steps(data: bytes, offset: int) -> int:
+    """The optimizer steps of the slot at ``offset`` of ``data`` (0: none seen)."""
+    return int(_STEPS.unpack_from(data, offset + STEPS_OFFSET)[0])
 
 
 def unpack_slot(data: bytes, offset: int) -> tuple[float, float, float, str]:

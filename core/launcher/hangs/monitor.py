@@ -295,9 +295,12 @@ class HangMonitor:
             return
         what = "heartbeat or output line" if self.output else "heartbeat"
         who = named[0] if len(named) == 1 else f"{len(named)} ranks, {', '.join(named)}"
-        log.warning("%s: no %s yet after %.0f s: not watched for hangs until %s launcher.heartbeat()%s", who, what,
-                    waited, "it calls" if len(named) == 1 else "they call",
-                    "" if self.output else " (or give --hang-watch output)")
+        # A heartbeat is any sign of progress: a collective completed, an optimizer step taken
+        # (seen by the start-up hook) or a launcher.heartbeat() call.
+        one = len(named) == 1
+        log.warning("%s: no %s yet after %.0f s: not watched for hangs until %s a collective or an optimizer "
+                    "step or %s launcher.heartbeat()%s", who, what, waited, "it completes" if one else "they complete",
+                    "calls" if one else "call", "" if self.output else " (or give --hang-watch output)")
 
     def dump_on_demand(self) -> HangReport | None:
         """Take and print every local rank's stacks now, without stopping anything."""

@@ -25,7 +25,8 @@ class HangSettings(NamedTuple):
 
     #: Seconds a rank may go without progress before it is hung.
     timeout: float | None = None
-    #: ``heartbeat`` (launcher.heartbeat() calls) or ``output`` (those or any output line).
+    #: ``heartbeat`` (progress: launcher.heartbeat() calls, completed collectives, optimizer steps)
+    #: or ``output`` (those or any output line).
     watch: str = "heartbeat"
 
     @property
@@ -70,7 +71,8 @@ FLAGS: FlagGroup[HangSettings] = FlagGroup(
     read=read_hangs,
     flags=(
         Flag("--hang-timeout", default=None,
-             help="Seconds a rank may go without a launcher.heartbeat() before it is hung: every rank's stack "
+             help="Seconds a rank may go without progress (a collective completed, an optimizer step, a "
+             "launcher.heartbeat(); no code change needed) before it is hung: every rank's stack "
              "is printed and the group restarts like a failed one (default: off)."),
         Flag("--hang-watch", default="heartbeat",
              help="What counts as progress for --hang-timeout: heartbeat (default), or output (any output line too)."),

@@ -122,6 +122,9 @@ def arm_here(env: Mapping[str, str]) -> None:
     from launcher.hangs import flightrec_worker
 
     flightrec_worker.serve(env)  # the collectives' record, read at a hang (launcher.hangs.flightrec)
+    from launcher.stragglers.timing import install
+
+    install()  # completed collectives and optimizer steps are the rank's progress (no code change)
 
 
 def _leave_site_path() -> None:

@@ -5,10 +5,14 @@ into (see :mod:`launcher.hangs.heartbeat` for the layout); the agent maps it rea
 :class:`HangWatch` reads it (and, in output mode, the time each worker last wrote a line) and
 says which ranks are hung:
 
+* a heartbeat is any sign of progress from the rank: a :func:`launcher.heartbeat` call, a
+  collective that completed or an optimizer step (both seen by the workers' start-up hook,
+  :mod:`launcher.stragglers.timing`, with no code in the job);
 * a rank is watched from its first heartbeat (output mode: its first heartbeat or line);
   one that never sent either is never called hung: its start-up (imports, data, compilation,
   a checkpoint to load) has no bound we could know, and a script that never calls
-  :func:`launcher.heartbeat` must not be stopped for it. It is *reported*, though:
+  :func:`launcher.heartbeat`, uses no collective and no torch optimizer must not be stopped
+  for it. It is *reported*, though:
   :attr:`RankProgress.waiting` counts the seconds since it started, which ``launcher status``
   and the hang report show as "no heartbeat yet after N s", and the agent warns once when that
   passes the timeout (``docs/hangs.md``);
@@ -26,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, unpack_slot
+from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, unpack_slot, unpack_steps
 from launcher.slot_table import SlotTable
 
 
@@ -40,10 +44,12 @@ class HeartbeatTable(SlotTable):
         """``(last beat, quiet deadline, quiet start, quiet name)`` of one slot."""
         return read_slot(self._page, index)
 
-    def read_all(self) -> list[tuple[float, float, float, str]]:
-        """Every slot, from one consistent copy of the table."""
+    def read_all(self) -> list[tuple[float, float, float, str, int]]:
+        """Every slot, from one consistent copy of the table: :meth:`read`'s tuple and the
+        optimizer steps taken."""
         data = self.copy()
-        return [unpack_slot(data, index * SLOT_SIZE) for index in range(self.count)]
+        return [(*unpack_slot(data, index * SLOT_SIZE), unpack_steps(data, index * SLOT_SIZE))
+                for index in range(self.count)]
 
 
 @dataclass
@@ -61,6 +67,8 @@ class RankProgress:
     #: Seconds since it started without any heartbeat (output mode: nor line); ``None`` once it
     #: sent one, or before :meth:`HangWatch.started` was told when it started.
     waiting: float | None = None
+    #: Optimizer steps the worker took so far (seen by the start-up hook; 0: none).
+    optimizer_steps: int = 0
 
     def describe(self) -> str:
         """Its heartbeat in words: ``no heartbeat yet after 12 s``, ``last heartbeat 0.3 s ago``."""
@@ -101,7 +109,7 @@ class HangWatch:
         """Every local rank's state, in local-rank order."""
         now = self._clock() if now is None else now
         states = []
-        for index, (beat, deadline, started, name) in enumerate(self.table.read_all()):
+        for index, (beat, deadline, started, name, steps) in enumerate(self.table.read_all()):
             last = max(beat, self.last_output[index]) if self.output else beat
             age = now - last if last > 0 else None
             began = self.start_times[index]
@@ -110,12 +118,13 @@ class HangWatch:
                 hung = now > deadline
                 reason = (f"in quiet section {name!r} for {now - started:.1f} s, past its timeout of "
                           f"{deadline - started:.0f} s") if hung else ""
-                states.append(RankProgress(index, age, hung, quiet=name, reason=reason, waiting=waiting))
+                states.append(RankProgress(index, age, hung, quiet=name, reason=reason, waiting=waiting,
+                                           optimizer_steps=steps))
                 continue
             hung = age is not None and age > self.timeout
             what = "heartbeat or output line" if self.output else "heartbeat"
             reason = f"no {what} for {age:.1f} s (timeout {self.timeout:g} s)" if hung and age is not None else ""
-            states.append(RankProgress(index, age, hung, reason=reason, waiting=waiting))
+            states.append(RankProgress(index, age, hung, reason=reason, waiting=waiting, optimizer_steps=steps))
         return states
 
     def hung(self, now: float | None = None) -> list[RankProgress]:

@@ -103,7 +103,8 @@ def render(doc: dict[str, Any] | None, hangs_seen: int, now: float | None = None
                                                    lambda r: None if r.get("no_heartbeat_yet_s") is None
                                                    else r["no_heartbeat_yet_s"] + age),
         "launcher_rank_steps_per_second": ("gauge", "launcher.heartbeat(step) calls per second "
-                                           "(with --straggler-detection).", lambda r: r.get("steps_per_s")),
+                                           "(with --straggler-detection), else optimizer steps per second "
+                                           "(with --hang-timeout).", lambda r: r.get("steps_per_s")),
         "launcher_rank_slow": ("gauge", "1 while straggler detection names the rank slow.",
                                lambda r: float(r["rank"] in slow) if doc.get("straggler_detection") else None),
         "launcher_rank_output_lines_per_second": ("gauge", "Output lines per second.", lambda r: r["lines_per_s"]),

@@ -193,15 +193,18 @@ class StatusPublisher:
         hung: set[int] = set()
         ages: dict[int, float | None] = {}
         waits: dict[int, float] = {}
+        optimizer_steps: dict[int, int] = {}
         if self._hangs is not None and ended is None:
             with contextlib.suppress(Exception):  # the heartbeat table may close under us
                 for progress in self._hangs.progress():
                     ages[progress.local_rank] = None if progress.age is None else round(progress.age, 3)
+                    if progress.optimizer_steps > 0:
+                        optimizer_steps[progress.local_rank] = progress.optimizer_steps
                     if progress.waiting is not None:  # told to beat (--hang-timeout), not once yet
                         waits[progress.local_rank] = round(progress.waiting, 3)
                     if progress.hung:
                         hung.add(progress.local_rank)
-        steps = self._step_totals() if ended is None else {}
+        steps = self._step_totals(optimizer_steps) if ended is None else {}
         slots = list(group.slots)
         pids = [s.process.pid for s in slots if s.process is not None and s.process.returncode is None]
         usage = self._cpu.measure(pids)
@@ -277,18 +280,22 @@ class StatusPublisher:
             return None
         return round(max(0, lines - before[0]) / (now - before[1]), 2)
 
-    def _step_totals(self) -> dict[int, tuple[int, int]]:
-        """local rank -> (last step, heartbeat(step) calls) of ranks that gave a step (with
-        ``--straggler-detection``, whose per-rank page the worker writes steps into)."""
-        if self._stragglers is None:
-            return {}
-        return {local_rank: (totals.step, totals.steps)
-                for local_rank, totals in enumerate(self._stragglers.totals()) if totals.steps > 0}
+    def _step_totals(self, optimizer_steps: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """local rank -> (last step, steps counted) of ranks that gave a step: to
+        ``launcher.heartbeat(step)`` (with ``--straggler-detection``, whose per-rank page the
+        worker writes steps into), or else the optimizer steps it took (``optimizer_steps``, seen
+        with ``--hang-timeout``: the count is both the step and the calls)."""
+        totals = {local_rank: (steps, steps) for local_rank, steps in optimizer_steps.items()}
+        if self._stragglers is not None:
+            totals.update((local_rank, (t.step, t.steps))
+                          for local_rank, t in enumerate(self._stragglers.totals()) if t.steps > 0)
+        return totals
 
     def _step_rate(self, local_rank: int, step: tuple[int, int] | None, now: float) -> float | None:
-        """``launcher.heartbeat(step)`` calls per second since the last publish (``None`` the first
-        time, or without steps). Calls, not step numbers: a job resumed from a checkpoint, or
-        counting micro-batches, still gives its real pace."""
+        """``launcher.heartbeat(step)`` calls (or optimizer steps, see :meth:`_step_totals`) per
+        second since the last publish (``None`` the first time, or without steps). Calls, not step
+        numbers: a job resumed from a checkpoint, or counting micro-batches, still gives its real
+        pace."""
         if step is None:
             self._steps.pop(local_rank, None)
             return None

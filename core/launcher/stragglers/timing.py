@@ -53,18 +53,29 @@ read: no lock, no system call of launcher's own. Only the worker process itself 
 recorded in :data:`STRAGGLER_PID_ENV` at start-up; data-loader workers and other children
 inherit it, find it is not theirs, and stay out).
 
+**Progress for hang detection.** Under ``--hang-timeout`` the same hook (installed whenever the
+worker's environment names a heartbeat file, :data:`HEARTBEAT_FILE_ENV`) counts as this rank's
+progress, with no change to the job's code: every collective it times that completes (on the host's
+clock when the call returns; on the GPU's once its end event is seen complete, never waiting for
+it), and every optimizer step (torch's global ``register_optimizer_step_post_hook``, registered
+once the worker's own code imports ``torch.optim``). Each stores the time into the rank's heartbeat
+slot (offset 0, as ``launcher.heartbeat()`` does); an optimizer step also stores the count of
+optimizer steps so far (offset :data:`OPTIMIZER_STEPS_OFFSET`), which gives ``launcher status``
+its steps/s when the job gives no ``heartbeat(step)``. Without ``--straggler-detection`` nothing
+is timed: the wrapped collectives only beat.
+
 Standard library only, importable by the worker's interpreter without launcher's agent (and
 nothing newer than Python 3.8: the worker's interpreter may not be the agent's).
 """
 
 from __future__ import annotations
 
-import functools
+# Nothing more: every worker's start pays for what is imported here (typing alone costs a few
+# ms); functools is imported where a patch needs it, after the worker's torch imported it.
 import os
 import struct
 import sys
 import time
-from typing import Any
 
 #: Path of the agent's straggler file (one slot per local worker).
 STRAGGLER_FILE_ENV = "LAUNCHER_STRAGGLER_FILE"
@@ -74,6 +85,14 @@ STRAGGLER_SLOT_ENV = "LAUNCHER_STRAGGLER_SLOT"
 STRAGGLER_PID_ENV = "LAUNCHER_STRAGGLER_PID"
 #: Path of this file, for the start-up hook (which cannot import launcher).
 STRAGGLER_HOOK_ENV = "LAUNCHER_STRAGGLER_HOOK"
+#: The heartbeat file, its slot and its writer (``launcher.hangs.heartbeat``, which this file
+#: cannot import): set by ``--hang-timeout``; the hook then beats for the rank at its progress.
+HEARTBEAT_FILE_ENV = "LAUNCHER_HEARTBEAT_FILE"
+HEARTBEAT_SLOT_ENV = "LAUNCHER_HEARTBEAT_SLOT"
+HEARTBEAT_PID_ENV = "LAUNCHER_HEARTBEAT_PID"
+#: A heartbeat slot's size and where its optimizer-step count is (``launcher.hangs.heartbeat``).
+HEARTBEAT_SLOT_SIZE = 128
+OPTIMIZER_STEPS_OFFSET = 64
 
 SLOT_SIZE = 64
 _DONE = struct.Struct("<ddq")  # wait total, entered (0), count: one store at a collective's end
@@ -86,6 +105,8 @@ _COUNT = struct.Struct("<q")
 _COUNT_OFFSET = 16
 _GPU = struct.Struct("<qq")  # GPU-timed collectives finished, pending
 _GPU_OFFSET = 48
+_BEAT = struct.Struct("<d")
+_OPTIMIZER = struct.Struct("<q")
 
 #: The blocking collectives of torch.distributed (name: wrapped when present in this torch).
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -94,40 +115,93 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 _monotonic = time.monotonic
 #: ``None`` before the first use; ``()`` when off; ``(page, offset)`` when on.
-_state: Any = None
-_mapping: Any = None
+_state = None
+_mapping = None
 #: Running totals of this process's host-timed collectives (the slot holds these plus the GPU's).
 _wait = 0.0
 _count = 0
 #: The GPU's timeline (:class:`launcher.stragglers.gpu_timeline.EventTimeline`): ``None`` before
 #: the first collective on a CUDA tensor, ``False`` where it cannot be had.
-_timeline: Any = None
+_timeline = None
 #: The name the GPU timeline's module is loaded under in the worker.
 _GPU_MODULE = "_launcher_straggler_gpu_timeline"
 _steps = 0
+#: The heartbeat slot ``(page, offset)`` (``None``: not looked for yet; ``()``: no hang detection here).
+_beat = None
+#: Optimizer steps this process took (with ``--hang-timeout``).
+_optimizer_steps = 0
 #: Nesting depth: a collective built on others (all_gather_object) is timed once, outermost.
 _depth = 0
 
 
 def _forget_in_child():
-    global _state, _mapping, _timeline
+    global _state, _mapping, _timeline, _beat, _optimizer_steps
     _state = None
     _mapping = None
     _timeline = None
+    _beat = None
+    _optimizer_steps = 0
 
 
 def _open():
-    """Map this worker's slot, once; ``()`` outside launcher or in a child of the worker."""
-    global _state, _mapping
-    _state = ()
+    """Map this worker's slots, once: the straggler slot (returned; ``()`` outside launcher, without
+    ``--straggler-detection`` or in a child of the worker) and the heartbeat slot (:data:`_beat`)."""
+    global _state, _beat
+    _beat = _open_beat()
+    _state = _open_timing()
+    return _state
+
+
+def _open_beat():
+    """This worker's heartbeat slot ``(page, offset)``; ``()`` without ``--hang-timeout`` or in a
+    child of the worker (the same rules as ``launcher.heartbeat()``: only the recorded worker beats)."""
+    path = os.environ.get(HEARTBEAT_FILE_ENV)
+    slot = os.environ.get(HEARTBEAT_SLOT_ENV, "")
+    if not path or not slot.isdigit() or os.environ.get(HEARTBEAT_PID_ENV) != str(os.getpid()):
+        return ()
+    try:
+        import mmap
+
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            offset = int(slot) * HEARTBEAT_SLOT_SIZE
+            if offset + HEARTBEAT_SLOT_SIZE > size:
+                return ()
+            beat = (mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), offset)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return ()  # watching must never break training
+    import atexit  # built in: nothing to load
+
+    # The job's code is over: its end is progress too. torch's teardown at exit takes seconds
+    # on a busy machine, and must not pass for a rank silent since its last step.
+    atexit.register(_exiting)
+    return beat
+
+
+def _exiting():
+    beat = _beat
+    if beat and os.environ.get(HEARTBEAT_PID_ENV) == str(os.getpid()):
+        try:  # noqa: SIM105 - the page may be gone at exit
+            _BEAT.pack_into(beat[0], beat[1], _monotonic())
+        except (ValueError, TypeError):
+            pass
+
+
+def _open_timing():
+    """This worker's straggler slot ``(page, offset)``; ``()`` without ``--straggler-detection``
+    or in a child of the worker."""
+    global _mapping
     path = os.environ.get(STRAGGLER_FILE_ENV)
     slot = os.environ.get(STRAGGLER_SLOT_ENV, "")
     if not path or not slot.isdigit():
-        return _state
+        return ()
     if not os.environ.get(STRAGGLER_PID_ENV):
         os.environ[STRAGGLER_PID_ENV] = str(os.getpid())
     if os.environ.get(STRAGGLER_PID_ENV) != str(os.getpid()):
-        return _state  # a data-loader worker, a spawned child: not the rank's time
+        return ()  # a data-loader worker, a spawned child: not the rank's time
     try:
         import mmap
 
@@ -136,14 +210,13 @@ def _open():
             size = os.fstat(fd).st_size
             offset = int(slot) * SLOT_SIZE
             if offset + SLOT_SIZE > size:
-                return _state
+                return ()
             _mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
     except (OSError, ValueError):
-        return _state  # measuring must never break training
-    _state = (_mapping, offset)
-    return _state
+        return ()  # measuring must never break training
+    return (_mapping, offset)
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -153,25 +226,34 @@ def enter():
     """A blocking collective begins: returns its start time (0.0 when not measuring)."""
     global _depth
     state = _state if _state is not None else _open()
-    if not state or _depth:
-        _depth += 1 if state else 0
+    on = state or _beat
+    if not on or _depth:
+        _depth += 1 if on else 0
         return 0.0
     _depth = 1
     start = _monotonic()
-    _ENTER.pack_into(state[0], state[1] + _ENTER_OFFSET, start)
+    if state:
+        _ENTER.pack_into(state[0], state[1] + _ENTER_OFFSET, start)
     return start
 
 
 def leave(start):
-    """The collective that began at ``start`` (from :func:`enter`) is over."""
+    """The collective that began at ``start`` (from :func:`enter`) is over: a sign of progress
+    (``--hang-timeout``) and, with ``--straggler-detection``, time spent waiting."""
     global _depth, _wait, _count
     state = _state
-    if not state:
+    beat = _beat
+    if not (state or beat):
         return
     _depth = max(0, _depth - 1)
     if not start:
         return
-    _wait += _monotonic() - start
+    now = _monotonic()
+    if beat:
+        _BEAT.pack_into(beat[0], beat[1], now)
+    if not state:
+        return
+    _wait += now - start
     _count += 1
     timeline = _timeline
     if timeline:
@@ -185,7 +267,7 @@ def _gpu_timeline():
     or no CUDA timing events here)."""
     global _timeline
     state = _state if _state is not None else _open()
-    if not state:
+    if not (state or _beat):
         return None
     if _timeline is None:
         _timeline = False
@@ -209,15 +291,19 @@ def _gpu_timeline():
 
 
 def _publish_gpu(timeline):
-    """Read the GPU's completed events into the slot (nothing waits for the pending ones)."""
+    """Read the GPU's completed events into the slots (nothing waits for the pending ones): a
+    collective seen complete is progress, the time of the look (``--hang-timeout``)."""
     state = _state
-    if not state:
-        return
     if timeline.collect():
-        page, offset = state
-        _WAIT.pack_into(page, offset, _wait + timeline.seconds)
-        _COUNT.pack_into(page, offset + _COUNT_OFFSET, _count + timeline.count)
-    _GPU.pack_into(state[0], state[1] + _GPU_OFFSET, timeline.count, timeline.pending)
+        beat = _beat
+        if beat:
+            _BEAT.pack_into(beat[0], beat[1], _monotonic())
+        if state:
+            page, offset = state
+            _WAIT.pack_into(page, offset, _wait + timeline.seconds)
+            _COUNT.pack_into(page, offset + _COUNT_OFFSET, _count + timeline.count)
+    if state:
+        _GPU.pack_into(state[0], state[1] + _GPU_OFFSET, timeline.count, timeline.pending)
 
 
 def gpu_begin(timeline):
@@ -255,14 +341,15 @@ def _gpu_start(timeline):
 def _gpu_stop(timeline, token, queued=True):
     """Mark the end of the collective begun with ``token`` on the current stream."""
     state = _state
-    if token is None or not timeline or not state:
+    if token is None or not timeline or not (state or _beat):
         return
     try:
         if queued:
             timeline.end(token)
         else:
             timeline.cancel(token)
-        _GPU.pack_into(state[0], state[1] + _GPU_OFFSET, timeline.count, timeline.pending)
+        if state:
+            _GPU.pack_into(state[0], state[1] + _GPU_OFFSET, timeline.count, timeline.pending)
     except Exception as exc:
         _give_up_gpu(exc)
 
@@ -311,6 +398,8 @@ def record_step(step):
 
 def _timed(function, async_index):
     """``function`` (a blocking collective), timed unless called with ``async_op=True``."""
+
+    import functools
 
     @functools.wraps(function)
     def timed(*args, **kwargs):
@@ -392,6 +481,8 @@ def _timed_hook(hook):
         return future.then(done)
 
     # DDP checks the hook's "bucket" parameter and its name (bf16 hooks): keep them.
+    import functools
+
     functools.update_wrapper(timed_hook, hook)
     return timed_hook
 
@@ -427,6 +518,8 @@ def _first_tensor(result):
 
 def patch_ddp(module):
     """Time DDP's gradient all-reduce (module ``torch.nn.parallel.distributed``)."""
+    import functools
+
     ddp = getattr(module, "DistributedDataParallel", None)
     if ddp is None or getattr(ddp, "_launcher_timed", False):
         return
@@ -458,7 +551,40 @@ def patch_ddp(module):
     ddp._launcher_timed = True
 
 
-_TARGETS = {"torch.distributed": patch_collectives, "torch.nn.parallel.distributed": patch_ddp}
+def optimizer_stepped(optimizer, args, kwargs):
+    """torch's global optimizer step post-hook: an optimizer step is this rank's progress
+    (``--hang-timeout``): the time, and the count of steps so far, into the heartbeat slot; with
+    collectives on the GPU, the events of those complete by now are read (never waited for)."""
+    global _optimizer_steps
+    beat = _beat
+    if beat is None:
+        _open()
+        beat = _beat
+    if not beat:
+        return
+    _optimizer_steps += 1
+    page, offset = beat
+    _OPTIMIZER.pack_into(page, offset + OPTIMIZER_STEPS_OFFSET, _optimizer_steps)
+    _BEAT.pack_into(page, offset, _monotonic())
+    timeline = _timeline
+    if timeline:
+        try:
+            _publish_gpu(timeline)
+        except Exception as exc:
+            _give_up_gpu(exc)
+
+
+def patch_optimizer(module):
+    """Count optimizer steps as progress (module ``torch.optim.optimizer``): one global hook for
+    every optimizer, those made before this call included."""
+    if getattr(module, "_launcher_step_hook", None) is None:
+        module._launcher_step_hook = module.register_optimizer_step_post_hook(optimizer_stepped)
+
+
+#: The module each patch waits for (its import by the worker's code): the optimizer's only with
+#: ``--hang-timeout`` (see :func:`install`).
+_TARGETS = {"torch.distributed": patch_collectives, "torch.nn.parallel.distributed": patch_ddp,
+            "torch.optim.optimizer": patch_optimizer}
 
 
 class _Finder:
@@ -503,14 +629,19 @@ def _patched(name, module, patch):
 
 
 def install() -> None:
-    """Time this worker's collectives once its code imports them (see the module docstring).
+    """Time this worker's collectives once its code imports them (``--straggler-detection``) and
+    count them and its optimizer steps as progress (``--hang-timeout``); see the module docstring.
+    Nothing is imported here: each patch waits for the worker's own import of its module.
 
-    Does nothing outside launcher's straggler detection or in a child of the worker.
+    Does nothing outside launcher's straggler and hang detection; safe to call more than once.
     """
-    if not os.environ.get(STRAGGLER_FILE_ENV):
+    timing = bool(os.environ.get(STRAGGLER_FILE_ENV))
+    if not timing and not os.environ.get(HEARTBEAT_FILE_ENV):
         return
-    if not os.environ.get(STRAGGLER_PID_ENV):
+    if timing and not os.environ.get(STRAGGLER_PID_ENV):
         os.environ[STRAGGLER_PID_ENV] = str(os.getpid())
+    if not os.environ.get(HEARTBEAT_FILE_ENV):
+        _TARGETS.pop("torch.optim.optimizer", None)  # steps are progress for hang detection only
     for name, patch in list(_TARGETS.items()):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__spec__", None) is not None:

@@ -12,8 +12,10 @@ imports it at start-up, before the training script. It:
 3. starts the flight-recorder dump thread of ``launcher/hangs/flightrec_worker.py`` (when the
    agent made its request pipe, ``LAUNCHER_FR_REQUEST``): the collectives this rank entered,
    read at a hang;
-4. with ``--straggler-detection``, loads ``launcher/stragglers/timing.py`` (named in
-   ``LAUNCHER_STRAGGLER_HOOK``), which times the collectives once the user imports them;
+4. with ``--straggler-detection`` or ``--hang-timeout``, loads ``launcher/stragglers/timing.py``
+   (named in ``LAUNCHER_STRAGGLER_HOOK``, or found beside this directory), which times the
+   collectives once the user imports them and, under ``--hang-timeout``, counts completed
+   collectives and optimizer steps as the rank's progress (no code change in the job);
 5. removes itself from ``sys.path`` and ``PYTHONPATH``, so the worker sees the paths torchrun
    would give it and its own children do not load it;
 6. runs the ``sitecustomize`` it shadows, if there is one.
@@ -49,6 +51,12 @@ def _arm():
     os.environ["LAUNCHER_STACKS_ARMED"] = str(os.getpid())
     # faulthandler keeps the descriptor, not the object: keep the object alive too.
     sys.__dict__.setdefault("_launcher_stacks_file", handle)
+    # Progress from collectives and optimizer steps: here too, for launcher's preloaded workers,
+    # which run this function alone (the start-up hook's own call finds the module loaded).
+    try:
+        _time_collectives()
+    except Exception as exc:  # never stop a worker from starting; the stacks still work
+        sys.stderr.write(f"launcher: cannot watch collectives and optimizer steps for progress: {exc}\n")
     if os.environ.get("LAUNCHER_FR_REQUEST"):
         try:
             _serve_flight_recorder()
@@ -67,11 +75,15 @@ def _serve_flight_recorder():
 def _time_collectives():
     # --straggler-detection: the agent names the timing module (launcher/stragglers/timing.py,
     # standard library only), which waits for the user's import of torch.distributed.
-    path = os.environ.get("LAUNCHER_STRAGGLER_HOOK")
-    if not path or not os.environ.get("LAUNCHER_STRAGGLER_FILE"):
+    # --hang-timeout (a heartbeat file): the same module, found beside this directory (no
+    # variable added to the worker's environment), beats for the rank at its progress.
+    timing = os.environ.get("LAUNCHER_STRAGGLER_HOOK") and os.environ.get("LAUNCHER_STRAGGLER_FILE")
+    if not timing and not os.environ.get("LAUNCHER_HEARTBEAT_FILE"):
         return
-    if not os.environ.get("LAUNCHER_STRAGGLER_PID"):
+    if timing and not os.environ.get("LAUNCHER_STRAGGLER_PID"):
         os.environ["LAUNCHER_STRAGGLER_PID"] = str(os.getpid())
+    path = os.environ.get("LAUNCHER_STRAGGLER_HOOK") if timing else os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "stragglers", "timing.py")
     module = _load_file("_launcher_straggler_timing", path)
     if module is not None:
         module.install()
@@ -79,7 +91,9 @@ def _time_collectives():
 
 def _load_file(name, path):
     # A module of launcher's loaded by its path under ``name`` (this file cannot import launcher);
-    # ``None`` when it cannot be loaded.
+    # ``None`` when it cannot be loaded. Loaded once: a second call gets the same module.
+    if name in sys.modules:
+        return sys.modules[name]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, path)
