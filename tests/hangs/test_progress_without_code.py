@@ -79,6 +79,45 @@ def test_a_ddp_job_with_no_launcher_call_is_watched_and_the_blocked_rank_named(w
                      re.M), result.stderr
 
 
+# FSDP2 over gloo: its collectives are async (not counted); its optimizer steps are the progress.
+FSDP2 = """
+import time
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("gloo")
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def load_batch(step):
+    if dist.get_rank() == 1 and step == 10:
+        while True:  # a data loader reading from a dead mount
+            time.sleep(1)
+    return torch.randn(4, 8)
+
+for step in range(100000):
+    model(load_batch(step)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_fsdp2_job_with_no_launcher_call_is_watched_too(write_script):
+    result = run_launcher(["--standalone", "--nproc-per-node", "2", "--hang-timeout", "5",
+                           write_script("fsdp2.py", FSDP2)], timeout=150)
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"^launcher: hang detected by \S+: rank 1 \(local rank 1\): no heartbeat for", result.stderr,
+                     re.M), result.stderr
+    assert re.search(r"^  rank 1: load_batch \(fsdp2\.py:\d+\) <- <module> \(fsdp2\.py:\d+\)$", result.stderr,
+                     re.M), result.stderr
+
+
 @pytest.mark.timeout(180)
 def test_the_same_job_unblocked_finishes_with_no_false_alarm(write_script, tmp_path):
     # The first step's data take longer than the timeout: a rank is judged only from its first
