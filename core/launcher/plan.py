@@ -177,6 +177,8 @@ class LaunchPlan:
     #: ``--topology``: where this node sits (launcher.topology), found when the plan is built;
     #: ``None``: off (torchrun's order), or ``auto`` found nothing.
     topology: NodeLocation | None = None
+    #: ``--segment N``: N (only whole segments of N nodes of one domain train); ``None``: off.
+    segment: int | None = None
 
 
 def build_plan(
@@ -226,6 +228,10 @@ def plan_from_settings(
         from launcher.topology.locate import locate_node
 
         location = locate_node(settings["topology"], manager, rdzv.local_addr)
+        if settings["topology"].segment is not None:
+            from launcher.topology.locate import check_segment
+
+            check_segment(settings["topology"], rdzv.min_nodes, rdzv.max_nodes, rdzv.backend, location)
     if logs.log_dir:
         check_log_dir(logs.log_dir)
     from launcher.limits import check_worker_limits
@@ -291,6 +297,7 @@ def plan_from_settings(
         metrics_port=_metrics_port(settings),
         preemption=preemption,
         topology=location,
+        segment=settings["topology"].segment if settings.get("topology") is not None else None,
     )
 
 

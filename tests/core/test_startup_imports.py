@@ -60,6 +60,7 @@ OFF_THE_START_PATH = (
     "launcher.config",
     # --topology's reader, sources and order: only a launch that gives the flag loads them.
     "launcher.topology.locate", "launcher.topology.sources", "launcher.topology.order", "launcher.topology.api",
+    "launcher.topology.segments",
 )
 
 #: Plugin distributions installed for the plain launch below (their source directories and an

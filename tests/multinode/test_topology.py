@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.harness import SCRIPTS, wait_all
+from tests.multinode.harness import SCRIPTS, wait_all, wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -58,3 +58,60 @@ def test_group_ranks_follow_the_leaves(make_network, start_agent, tmp_path: Path
     plain, logs = _job(net, start_agent, "topo-off", [])
     assert [plain[net[i].addr][1] for i in range(4)] == [0, 1, 2, 3]  # torchrun's order: by address
     assert "placed by topology" not in logs and " at spine0" not in logs
+
+
+SEGMENT_WORKER = str(SCRIPTS / "segment_worker.py")
+#: A spare that arrives once the round is closed proves the site's secret to wait inside the
+#: c10d store (docs/store-security.md).
+SECRET = {"LAUNCHER_RDZV_SECRET": "segment-test-secret-0123456789abcdef"}
+
+
+def _placed(state: Path) -> list[tuple[str, int, int]]:
+    path = state / "placed.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(addr, int(rank), int(world)) for addr, rank, world in (line.split() for line in lines)]
+
+
+@pytest.mark.timeout(150)
+def test_segments_train_inside_one_leaf_and_a_spare_of_that_leaf_replaces_a_lost_node(
+    make_network, start_agent, tmp_path: Path
+) -> None:
+    """--segment 2 --nnodes 2 on four hosts, three on leaf-a and one on leaf-b: the job trains in
+    leaf-a (leaf-b has no whole segment), the other two wait as spares; a killed node of the
+    segment is replaced by leaf-a's spare, and the spare left exits 0 when the job ends."""
+    net = make_network(4)
+    leaf_of = {net[i].addr: ("leaf-a" if i < 3 else "leaf-b") for i in range(4)}
+    site = tmp_path / "site.txt"
+    site.write_text("".join(f"{addr} spine0.{leaf}\n" for addr, leaf in leaf_of.items()))
+    state = tmp_path / "state"
+    state.mkdir()
+
+    def start(i: int):
+        return start_agent(net[i], [
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", net[0].endpoint(29400), "--rdzv-id", "segments",
+            "--rdzv-conf", "join_timeout=60,last_call_timeout=30,keep_alive_interval=0.5,heartbeat_timeout=10",
+            "--local-addr", net[i].addr, "--monitor-interval", "0.2", "--max-restarts", "3",
+            "--topology", f"file:{site}", "--segment", "2", SEGMENT_WORKER, str(state), net[i].addr,
+        ], name=f"segment-{i}", env=SECRET)
+
+    def logs() -> str:
+        return "\n".join(agent.describe() for agent in agents.values())
+
+    # leaf-b's node first: alone, it is no segment, and leaf-a's two close the round at once.
+    agents = {i: start(i) for i in (3, 1, 0)}
+    wait_until(lambda: len(_placed(state)) == 2, 60, "leaf-a's segment to start", on_timeout=logs)
+    assert sorted(_placed(state)) == sorted([(net[0].addr, 0, 2), (net[1].addr, 1, 2)]), logs()
+    agents[2] = start(2)  # leaf-a's third node: the round is closed, it waits as a spare
+    for i in (2, 3):
+        wait_until(lambda i=i: "waiting as a spare" in agents[i].stderr, 60, f"node {i} to wait as a spare",
+                   on_timeout=logs)
+
+    agents[1].kill()  # not node 0: it serves the store
+    wait_until(lambda: any(addr == net[2].addr for addr, _, _ in _placed(state)), 60,
+               "leaf-a's spare to take the lost node's place", on_timeout=logs)
+    assert (net[2].addr, 1, 2) in _placed(state), logs()
+    assert "this spare is called" in agents[2].stderr, agents[2].describe()
+    (state / "finish").touch()
+    wait_all([agents[0], agents[2], agents[3]], 60, context=list(agents.values()))
+    assert all(addr != net[3].addr for addr, _, _ in _placed(state)), "leaf-b's node never trains"

@@ -211,6 +211,12 @@ class Agent:
                     else:
                         log.warning("--topology is ignored: the %s rendezvous backend assigns group ranks itself",
                                     plan.rendezvous.backend.name)
+                if plan.segment is not None:  # --segment: the closer takes whole segments (plan checked the backend)
+                    if hasattr(handler, "segment"):
+                        handler.segment = plan.segment
+                    elif plan.rendezvous.parameters.max_nodes > 1:
+                        log.warning("--segment is ignored: the %s rendezvous backend assigns group ranks itself",
+                                    plan.rendezvous.backend.name)
                 if hasattr(handler, "stop_requested"):  # a host serving the others' departure stops too
                     handler.stop_requested = lambda: self._signals.received is not None
                 stack.callback(lambda: self._close_rendezvous(handler, result.exit_code))

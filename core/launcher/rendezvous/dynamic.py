@@ -134,6 +134,9 @@ class DynamicRendezvousHandler:
         #: ``--topology``: this node's location (a :class:`~launcher.topology.api.NodeLocation`),
         #: written in its join record so that the closer orders the round by path; ``None``: off.
         self.topology: Any = None
+        #: ``--segment N``: only whole segments of N nodes of one domain (the whole path) take
+        #: part; the others wait as spares (docs/topology.md). ``None``: off.
+        self.segment: int | None = None
         self._backend_name = backend_name
         self._on_shutdown = on_shutdown
         self._store_address = store_address
@@ -254,6 +257,11 @@ class DynamicRendezvousHandler:
             via=_local_address(self._ops.store),
             topo=self._topology_record(),
         )
+        if self.segment is not None and self._rounds.segment is None:
+            from launcher.topology.segments import domain_number
+
+            self._rounds.segment = self.segment
+            self._rounds.domain = domain_number(self.topology.path) if self.topology is not None else None
         try:
             membership = self._rounds.join(previous, record, deadline)
         except RendezvousTimeoutError as exc:
@@ -332,7 +340,9 @@ class DynamicRendezvousHandler:
         joiners = self._gate.new_joiners() if self._gate is not None else 0
         late = max(0, self._ops.add(self._keys.seq(m.round), joiners) - m.count)
         rejoin = self._ops.add(self._keys.rejoin(m.round), 0)
-        room = max(0, self._max - m.size)
+        # With --segment a round grows only when it re-forms: a node left out of it waits as a
+        # spare (it has no whole segment to train in), and does not make the others restart.
+        room = max(0, self._max - m.size) if self.segment is None else 0
         self.spares_waiting = max(0, late - room)  # beyond the room: they wait for a node to leave
         return rejoin + min(late, room)
 

@@ -14,6 +14,7 @@ Layout, below ``KEY_ROOT/<run id, URL-quoted>/``::
     <r>/roster  <r>/lost  <r>/master
     <r>/node/<join index>  <r>/place/<join index>      (one per node of round r)
     <r>/hb/<group rank>
+    <r>/segs  <r>/dom/<domain number>                  (--segment only)
     <r>/lost/<report number>                           (one per lost-node report)
     <r>/agent/<anything>                               (the agents' own keys for round r)
 """
@@ -70,6 +71,10 @@ class KeyKind(str, enum.Enum):
     MASTER = "master"
     #: Below this, the agents' own keys for round ``r`` (``RendezvousInfo.store``).
     AGENT = "agent"
+    #: ``--segment``: counter of the whole segments of round ``r``'s joined nodes.
+    SEGMENTS = "segments"
+    #: ``--segment``: counter of round ``r``'s joined nodes of one domain (``index``: its number).
+    DOMAIN = "domain"
 
 
 #: Keys that only the node they describe writes: its participant record and heartbeat counter.
@@ -86,8 +91,10 @@ _ROUND_KINDS = {
     "rejoin": KeyKind.REJOIN,
     "lost": KeyKind.LOST_COUNT,
     "master": KeyKind.MASTER,
+    "segs": KeyKind.SEGMENTS,
 }
-_INDEXED_KINDS = {"node": KeyKind.NODE, "place": KeyKind.PLACE, "hb": KeyKind.HEARTBEAT, "lost": KeyKind.LOST}
+_INDEXED_KINDS = {"node": KeyKind.NODE, "place": KeyKind.PLACE, "hb": KeyKind.HEARTBEAT, "lost": KeyKind.LOST,
+                  "dom": KeyKind.DOMAIN}
 _AGENT = "agent"
 
 
@@ -173,6 +180,14 @@ class RendezvousKeys:
     def master(self, r: int) -> str:
         """``<r>/master``: where round ``r``'s workers' store is served."""
         return f"{self.base}/{r}/master"
+
+    def segments(self, r: int) -> str:
+        """``<r>/segs`` (``--segment``): how many whole segments round ``r``'s joined nodes make."""
+        return f"{self.base}/{r}/segs"
+
+    def domain(self, r: int, number: int) -> str:
+        """``<r>/dom/<number>`` (``--segment``): how many nodes of domain ``number`` joined round ``r``."""
+        return f"{self.base}/{r}/dom/{number}"
 
     def agent(self, r: int) -> str:
         """The prefix of the agents' own keys for round ``r``."""

@@ -13,8 +13,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, cast
 
 from launcher.rendezvous.api import (
     SMALL_ROUND_MAX,
@@ -44,34 +44,53 @@ log = logging.getLogger("launcher.rendezvous")
 
 #: What ``current`` and ``<r>/open`` hold once the job has ended.
 CLOSED = b"closed"
+#: ``--segment``: how often (seconds) a re-form's closer, MAX reached in whole segments, looks
+#: whether every node expected in it has joined (one read of ``<r>/seq``).
+_SEGMENT_POLL = 0.05
 
 
 def sealed_value(
-    nodes: list[dict[str, Any]], count: int, min_nodes: int, *, stable_rank0: bool, closer: str
+    nodes: list[dict[str, Any]], count: int, min_nodes: int, *, stable_rank0: bool, closer: str,
+    segment: int | None = None, max_nodes: int | None = None, previous: Collection[str] = (),
 ) -> dict[str, Any]:
     """The full record of a round whose closer read the participant records ``nodes`` (join
     indexes ``1..count``; a record's ``idx``, when the closer added it, is its join index): the
     participants in rank order, or ``aborted`` below MIN. The closer stores it as the round's
     ``roster`` and writes its :func:`~launcher.rendezvous.membership.sealed_summary` under
-    ``<r>/sealed``."""
+    ``<r>/sealed``.
+
+    ``segment`` (``--segment N``): only whole segments of N nodes of one domain take part, up to
+    ``max_nodes`` (:func:`launcher.topology.segments.select_segments`; ``previous``, the ids of
+    the round before, are kept first); the others wait as spares."""
     if len(nodes) < min_nodes:
         return {"state": "aborted", "reason": f"only {len(nodes)} of {count} nodes announced themselves"}
     stable = stable_rank0
     placed = any("topo" in n for n in nodes)
     if placed:  # --topology: nodes of one innermost domain adjacent (docs/topology.md)
         from launcher.topology.order import placement_key
-    # Deterministic order: every node would compute the same ranks from the same set.
-    nodes = sorted(
-        nodes,
-        key=lambda n: (
+
+    def key(n: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (
             not (stable and n.get("host")),
             not (stable and n.get("r0")),
             placement_key(n) if placed else (),
             str(n.get("addr")),
             int(n.get("pid", 0)),
             int(n.get("lid", 0)),
-        ),
-    )
+        )
+
+    if segment is not None:
+        from launcher.topology.segments import select_segments
+
+        chosen = select_segments(nodes, segment, min_nodes, max_nodes or len(nodes), key, previous,
+                                 host=lambda n: bool(n.get("host")), host_first=stable)
+        if chosen is None:
+            return {"state": "aborted",
+                    "reason": f"fewer than {min_nodes} nodes in whole segments of {segment} of one domain"}
+        nodes = cast("list[dict[str, Any]]", chosen)
+    else:
+        # Deterministic order: every node would compute the same ranks from the same set.
+        nodes = sorted(nodes, key=key)
     hosts = [rank for rank, n in enumerate(nodes) if n.get("host")]
     return {
         "state": "sealed",
@@ -141,6 +160,10 @@ class Rounds:
         self._spare_called = False
         #: This node waits as a spare now (or did, before a failure): it has no part in the job yet.
         self.spare = False
+        #: ``--segment N``: N, and this node's domain number (``None``: it has no path, so it
+        #: only ever waits as a spare). ``None``: off, every joined node up to MAX takes part.
+        self.segment: int | None = None
+        self.domain: int | None = None
         self.on_attempt: Callable[[int], None] | None = None
         self.on_sealed: Callable[[int, tuple[tuple[str, ...], ...]], None] | None = None
 
@@ -220,7 +243,8 @@ class Rounds:
         if self.on_attempt is not None:
             self.on_attempt(r)
         index = self._ops.add(self._keys.seq(r), 1)
-        if index > self._max:
+        # With --segment a node beyond MAX may still complete a segment: it joins until sealed.
+        if index > self._max and (self.segment is None or self._ops.check([self._keys.sealed(r)])):
             if self.on_sealed is not None and self._ops.check([self._keys.sealed(r)]):
                 state = decode(self._ops.get(self._keys.sealed(r)))
                 if state.get("state") == "sealed":
@@ -239,7 +263,22 @@ class Rounds:
         now = time.monotonic()
         close_at = backup_at = math.inf
         grace = max(1.0, self._config.last_call_timeout / 2)
-        if index == self._max:
+        expected: int | None = None
+        if self.segment is not None:
+            if self._completes_segments(r):
+                expected = self._expected_joiners(r)
+                if expected is None:
+                    self._seal(r, self._ops.add(self._keys.seq(r), 0))  # MAX in whole segments: at once
+                else:
+                    # A re-form: the survivors and the spares called with it are joining now.
+                    # Closing once they all have lets the lost node's own domain's spare be seen
+                    # (docs/topology.md); after the last call at the latest.
+                    close_at = now + self._config.last_call_timeout
+            if index == self._min:
+                close_at = min(close_at, now + self._config.last_call_timeout)
+            elif index > self._min:
+                backup_at = now + self._config.last_call_timeout + grace
+        elif index == self._max:
             self._seal(r, self._max)  # the round is full: close it at once
         elif index == self._min:
             close_at = now + self._config.last_call_timeout  # this node closes after the last call
@@ -249,14 +288,23 @@ class Rounds:
         while True:
             now = time.monotonic()
             wake = min(deadline, next_progress, close_at, backup_at)
+            if expected is not None:
+                wake = min(wake, now + _SEGMENT_POLL)
             if self._ops.wait([self._keys.sealed(r)], wake - now):
                 return self._after_sealed(r, index, deadline)
             now = time.monotonic()
+            if expected is not None and self._ops.add(self._keys.seq(r), 0) >= expected:
+                close_at, expected = now, None  # everyone expected has joined: close now
             if now >= deadline:
                 return self._join_timed_out(r, index, deadline, previous)
             if now >= close_at or now >= backup_at:
                 count = self._ops.add(self._keys.seq(r), 0)
-                self._seal(r, min(count, self._max))
+                if self.segment is not None and not self._enough_segments(r):
+                    # MIN nodes joined but not MIN's worth of whole segments: wait on for more.
+                    close_at = now + self._config.last_call_timeout
+                    backup_at = math.inf
+                    continue
+                self._seal(r, count if self.segment is not None else min(count, self._max))
                 close_at = backup_at = math.inf
                 continue
             if now >= next_progress:
@@ -322,6 +370,36 @@ class Rounds:
         except (RendezvousError, StoreError):
             return None
 
+    def _completes_segments(self, r: int) -> bool:
+        """``--segment``: count this node in its domain (one ``add``; one more for each N-th node
+        of a domain, which completes a segment); whether this node completed the segment that
+        brings the round's whole segments to MAX."""
+        if self.domain is None or self.segment is None:
+            return False
+        if self._ops.add(self._keys.domain(r, self.domain), 1) % self.segment:
+            return False
+        return self._ops.add(self._keys.segments(r), 1) * self.segment == self._max
+
+    def _expected_joiners(self, r: int) -> int | None:
+        """``--segment``, round ``r`` a re-form: how many nodes should join it, the previous round's
+        participants but those reported gone, plus the nodes that waited beside it (spares);
+        ``None`` when round ``r - 1`` did not form (not a re-form: nothing to wait for). Read by
+        the one node that completes the round's segments: O(1) reads, and one per gone node."""
+        if r == 0 or not self._ops.check([self._keys.sealed(r - 1)]):
+            return None
+        state = decode(self._ops.get(self._keys.sealed(r - 1)))
+        if state.get("state") != "sealed":
+            return None
+        from launcher.rendezvous.departures import LostNodes
+
+        gone = len(LostNodes().read(self._ops, self._keys, r - 1))
+        waiting = self._ops.add(self._keys.seq(r - 1), 0) - int(state.get("count") or 0)
+        return int(state.get("n") or 0) - gone + max(0, waiting)
+
+    def _enough_segments(self, r: int) -> bool:
+        """``--segment``: whether round ``r``'s whole segments hold MIN nodes (one read)."""
+        return self._ops.add(self._keys.segments(r), 0) * (self.segment or 1) >= self._min
+
     def _seal(self, r: int, count: int) -> None:
         """Close round ``r`` with the nodes of join index 1..count (see "Closing a round").
 
@@ -346,7 +424,9 @@ class Rounds:
             node = decode(raw)
             node["idx"] = index_of[key]
             nodes.append(node)
-        value = sealed_value(nodes, count, self._min, stable_rank0=self._config.stable_rank0, closer=self._node.id)
+        previous = self._previous_ids(r) if self.segment is not None else None
+        value = sealed_value(nodes, count, self._min, stable_rank0=self._config.stable_rank0, closer=self._node.id,
+                             segment=self.segment, max_nodes=self._max, previous=previous or ())
         if value["state"] != "sealed":
             self._ops.compare_set(self._keys.sealed(r), b"", encode(value))
             return
@@ -357,7 +437,7 @@ class Rounds:
         count = int(value.get("count") or 0)
         if count:
             self._ops.multi_set([self._keys.place(r, k) for k in range(1, count + 1)], places(value))
-        summary = sealed_summary(value, self._previous_ids(r))
+        summary = sealed_summary(value, previous if self.segment is not None else self._previous_ids(r))
         self._ops.compare_set(self._keys.sealed(r), b"", encode(summary))
         if "paths" in value:
             log.info("rendezvous %r round %d placed by topology (group rank, node, path): %s",
@@ -405,7 +485,8 @@ class Rounds:
                 # The closer counted this index but did not see this node's record in time:
                 # take a new index so that the running nodes see one more node waiting.
                 self._ops.add(self._keys.seq(r), 1)
-            if size >= self._max:
+            if size >= self._max or self.segment is not None:
+                # With --segment, a node left out has no whole segment to train in: a spare.
                 return self._wait_as_spare(r)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
         host_rank, world, left = state.get("hr"), state.get("ws"), state.get("left")
@@ -482,9 +563,9 @@ class Rounds:
 
     def _join_timed_out(self, r: int, index: int, deadline: float, previous: Membership | None) -> Membership | int:
         count = self._ops.add(self._keys.seq(r), 0)
-        if count >= self._min:
+        if count >= self._min and (self.segment is None or self._enough_segments(r)):
             # MIN nodes are here: close now rather than fail (last call is only a courtesy).
-            self._seal(r, min(count, self._max))
+            self._seal(r, count if self.segment is not None else min(count, self._max))
             return self._after_sealed(r, index, deadline)
         missing = self._missing(r, count, previous)
         aborted = {"state": "aborted", "reason": f"{self._node.id} timed out"}

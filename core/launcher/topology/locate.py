@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from launcher.flags import FlagValues
     from launcher.plugins.manager import LauncherPluginManager
 
-__all__ = ["AUTO", "TopologySettings", "locate_node", "parse_topology", "read_topology"]
+__all__ = ["AUTO", "TopologySettings", "check_segment", "locate_node", "parse_segment", "parse_topology",
+           "read_topology"]
 
 log = logging.getLogger("launcher.topology")
 
@@ -32,11 +33,14 @@ AUTO = "auto"
 
 class TopologySettings(NamedTuple):
     """``--topology``: the sources in order (each ``(name, argument or None)``), or ``auto``;
-    ``flag`` names where the value came from (``--topology`` or ``PET_TOPOLOGY``), for messages."""
+    ``flag`` names where the value came from (``--topology`` or ``PET_TOPOLOGY``), for messages.
+    ``segment``: ``--segment N`` (``None``: off), given as ``segment_flag``."""
 
     sources: tuple[tuple[str, str | None], ...] = ()
     auto: bool = False
     flag: str = "--topology"
+    segment: int | None = None
+    segment_flag: str = "--segment"
 
 
 def parse_topology(value: str | None, flag: str = "--topology") -> TopologySettings | None:
@@ -59,9 +63,50 @@ def parse_topology(value: str | None, flag: str = "--topology") -> TopologySetti
     return TopologySettings(tuple(sources), flag=flag)
 
 
+def parse_segment(value: str | None, flag: str = "--segment") -> int | None:
+    """``--segment N``: N, a whole number of nodes, 1 or more (``None`` when unset or empty)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise UsageError(f"{flag} {quote(value)} is not a number of nodes: give a whole number, 1 or more, "
+                         "e.g. --segment 4")
+    return int(text)
+
+
 def read_topology(values: FlagValues) -> TopologySettings | None:
     """The flag group's reader."""
-    return parse_topology(values["topology"], values.source("topology"))
+    topology = parse_topology(values["topology"], values.source("topology"))
+    segment_flag = values.source("segment")
+    segment = parse_segment(values["segment"], segment_flag)
+    if segment is None:
+        return topology
+    if topology is None:
+        raise UsageError(f"{segment_flag} {segment} needs --topology SOURCE to know each node's domain, "
+                         "e.g. --topology file:PATH or --topology slurm")
+    return topology._replace(segment=segment, segment_flag=segment_flag)
+
+
+def check_segment(settings: TopologySettings, min_nodes: int, max_nodes: int, backend: str,
+                  location: NodeLocation | None) -> None:
+    """``--segment N`` against the job: MIN and MAX multiples of N, a backend whose closer places
+    nodes (not ``static``), and this node placed. A one-line :class:`UsageError` otherwise."""
+    size = settings.segment
+    if size is None:
+        return
+    flag = settings.segment_flag
+    if min_nodes % size or max_nodes % size:
+        lo = -(-min_nodes // size) * size  # MIN rounded up, MAX down (never below it)
+        hi = max(lo, max_nodes - max_nodes % size)
+        right = str(lo) if lo == hi else f"{lo}:{hi}"
+        raise UsageError(f"{flag} {size} needs --nnodes MIN and MAX that are multiples of {size}, not "
+                         f"{min_nodes}:{max_nodes}: e.g. --nnodes {right}")
+    if backend == "static":
+        raise UsageError(f"{flag} {size} does not work with the static rendezvous backend (it fixes group ranks "
+                         "itself): use --rdzv-backend c10d")
+    if location is None:
+        raise UsageError(f"{flag} {size}: {settings.flag} auto placed this node nowhere, so it could never train in "
+                         "a segment: name a source that places it (file:PATH, slurm, nvml)")
 
 
 def _query(argument: str | None, address: str | None, environ: Mapping[str, str]) -> TopologyQuery:

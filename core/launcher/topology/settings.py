@@ -1,6 +1,6 @@
-"""``--topology SOURCE[,SOURCE]``: declared here, read by :mod:`launcher.topology.locate` only when used.
+"""``--topology SOURCE[,SOURCE]`` and ``--segment N``: declared here, read by :mod:`launcher.topology.locate`.
 
-Every launch declares the flag (``--help`` lists it); a launch without it never imports the
+Every launch declares the flags (``--help`` lists them); a launch without them never imports the
 reader (the group's ``unset`` stands for "off"), so a plain run's start is unchanged.
 """
 
@@ -20,5 +20,9 @@ FLAGS: "FlagGroup[object]" = FlagGroup(
              help="Give nodes that share a switch or NVLink domain consecutive group ranks: sources, outermost first "
              "(file:PATH, slurm, nvml, a plugin's), comma list, or auto (what the environment offers). "
              "Default: off, torchrun's order."),
+        Flag("--segment", default=None,
+             help="With --topology: only whole segments of N nodes of one domain (the innermost switch or NVLink "
+             "domain) train, the other nodes wait as spares; --nnodes MIN and MAX must be multiples of N. "
+             "Default: off."),
     ),
 )

@@ -1,0 +1,56 @@
+"""--segment N through real rendezvous rounds (simulated nodes over a store): whole segments of one
+domain train, the other nodes wait as spares, and a lost node's place goes to a spare of its own
+domain (issue 47; the closer's choice itself is tested in tests/topology/test_segments.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from launcher.rendezvous.dynamic import DynamicRendezvousHandler
+from launcher.topology.api import NodeLocation
+
+from .conftest import PROMPT, Cluster, Pending, wait_for
+
+SPARE = "waiting as a spare"
+
+
+def placed(cluster: Cluster, run: str, leaf: str) -> DynamicRendezvousHandler:
+    handler = cluster.node(run, 2, 2, join_timeout=30, last_call_timeout=15)
+    handler.topology = NodeLocation(("spine0", leaf))
+    handler.segment = 2
+    return handler
+
+
+def test_a_segment_trains_the_rest_wait_and_a_spare_of_the_lost_nodes_leaf_replaces_it(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="launcher.rendezvous")
+    run = cluster.run_id()
+    # leaf-a sorts first, but its first node alone is no segment: leaf-b's two nodes complete one
+    # and close the round at once (MAX in whole segments), without waiting for the last call.
+    a1, b1 = placed(cluster, run, "leaf-a"), placed(cluster, run, "leaf-b")
+    first = [Pending(a1), Pending(b1)]
+    assert wait_for(lambda: caplog.text.count("joined round 0") == 2, PROMPT), caplog.text
+    b2 = placed(cluster, run, "leaf-b")
+    training = [first[1], Pending(b2)]
+    infos = [p.result() for p in training]
+    assert sorted(i.group_rank for i in infos) == [0, 1] and {i.group_world_size for i in infos} == {2}
+    assert wait_for(lambda: SPARE in caplog.text, PROMPT), caplog.text
+    assert not first[0].done(), first[0].error  # a1: left out of the round, a spare
+    # Two more arrive once the round is closed: spares as well (leaf-a now could make a segment).
+    a2, b3 = placed(cluster, run, "leaf-a"), placed(cluster, run, "leaf-b")
+    late = [Pending(a2), Pending(b3)]
+    assert wait_for(lambda: caplog.text.count(SPARE) == 3, PROMPT), caplog.text
+    assert b1.num_nodes_waiting() == 0, "spares must not make the round re-form"
+    assert b1.spares_waiting == 3
+
+    # b2 is lost: the survivor b1 re-forms with b3, the spare of its own leaf, though leaf-a (a1,
+    # a2: a whole segment too) sorts first.
+    cluster.sever(b2)
+    assert wait_for(lambda: bool(b1.lost_nodes()), PROMPT)
+    again = Pending(b1)
+    infos = [again.result(), late[1].result()]
+    assert {i.round for i in infos} == {1}
+    assert sorted(infos[0].participants) == sorted([b1.node.id, b3.node.id])
+    assert not first[0].done() and not late[0].done(), "leaf-a's nodes stay spares"
