@@ -36,6 +36,10 @@ Usage::
     python benchmarks/bench_scale.py                                   # 64, 256, 1024, 4096; both hosts
     python benchmarks/bench_scale.py --sizes 1024,2048,4096 --hosts ours --steady 0
     python benchmarks/bench_scale.py --sizes 64,256,1024,2048,4096 --hosts both --base 02ae38d --repeat 3 --steady 0
+    python benchmarks/bench_scale.py --sizes 1024 --hosts ours --steady 0 --domains 16 --segment 4 --repeat 5
+
+``--domains D`` adds rounds whose nodes carry a ``--topology`` path (D domains), and ``--segment N``
+rounds formed of whole segments (docs/topology.md), taking turns with the plain ones.
 
 Writes ``benchmarks/results/scale.json``.
 """
@@ -142,14 +146,16 @@ def start_host(kind: str, n: int) -> tuple[subprocess.Popen[str], int]:
 # -- the nodes' processes -----------------------------------------------------------------------
 
 
-def _crowd_main(port: int, nodes: int, first: int, count: int, wait_slice: float | None) -> None:
+def _crowd_main(port: int, nodes: int, first: int, count: int, wait_slice: float | None,
+                domains: int = 0, segment: int | None = None) -> None:
     """A crowd process: connect, say ``ready``; on ``go`` join; on ``steady S`` load; print JSON."""
     from launcher.testing.crowd import Crowd
 
     _raise_fd_limit()
 
     async def main() -> None:
-        crowd = Crowd("127.0.0.1", port, RUN_ID, nodes=nodes, first=first, count=count, wait_slice=wait_slice)
+        crowd = Crowd("127.0.0.1", port, RUN_ID, nodes=nodes, first=first, count=count, wait_slice=wait_slice,
+                      domains=domains, segment=segment)
         await crowd.connect()
         loop = asyncio.get_running_loop()
         print("ready", flush=True)
@@ -170,13 +176,17 @@ def _crowd_main(port: int, nodes: int, first: int, count: int, wait_slice: float
     asyncio.run(main())
 
 
-def _crowds(port: int, n: int, procs: int, wait_slice: float | None) -> list[subprocess.Popen[str]]:
+def _crowds(port: int, n: int, procs: int, wait_slice: float | None,
+            placement: tuple[int, int | None] = (0, None)) -> list[subprocess.Popen[str]]:
     shares = [n // procs + (1 if k < n % procs else 0) for k in range(procs)]
     children, first = [], 0
     for share in shares:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--crowd", str(port), str(n), str(first), str(share)]
         if wait_slice is not None:
             cmd += ["--wait-slice", str(wait_slice)]
+        domains, segment = placement
+        if domains:
+            cmd += ["--domains", str(domains)] + (["--segment", str(segment)] if segment else [])
         children.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env()))
         first += share
     return children
@@ -226,15 +236,17 @@ def sealed_read_cost(port: int) -> dict[str, float]:
             "node_read_ms": round(best * 1e3, 3)}
 
 
-def measure(kind: str, n: int, procs: int, limit: float) -> dict[str, Any]:
+def measure(kind: str, n: int, procs: int, limit: float,
+            placement: tuple[int, int | None] = (0, None)) -> dict[str, Any]:
     """One round of ``n`` nodes on a ``kind`` store host; everything is killed (and reported)
-    past ``limit`` seconds."""
+    past ``limit`` seconds. ``placement``: the nodes' domains (0: no ``--topology``) and
+    ``--segment`` (``None``: off)."""
     host, port = start_host(kind, n)
     # Both hosts get the same requests: waits in the rendezvous's own slices (a slice that ends
     # costs a CANCEL_WAIT and a new WAIT; torch's server answers those as launcher's does, see
     # docs/rendezvous.md and tests/rendezvous/test_crowd.py).
-    children = _crowds(port, n, procs, None)
-    result: dict[str, Any] = {"host": kind, "nodes": n, "processes": procs}
+    children = _crowds(port, n, procs, None, placement)
+    result: dict[str, Any] = {"host": kind, "nodes": n, "processes": procs, "placement": _placement_name(placement)}
     guard = threading.Timer(limit, lambda: [c.kill() for c in children if c.poll() is None])
     try:
         for child in children:
@@ -275,6 +287,13 @@ def measure(kind: str, n: int, procs: int, limit: float) -> dict[str, Any]:
     finally:
         _stop(guard, children, host)
     return result
+
+
+def _placement_name(placement: tuple[int, int | None]) -> str:
+    domains, segment = placement
+    if not domains:
+        return "plain"
+    return f"topology/{domains}" + (f" segment {segment}" if segment else "")
 
 
 def measure_steady(kind: str, n: int, procs: int, seconds: float, limit: float) -> dict[str, Any]:
@@ -407,14 +426,14 @@ def medians(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per host and size, the median of the rounds that formed (round time, the host's CPU,
     its user and system parts), the fastest round (on a shared machine the steadier figure: the
     one least slowed by other work), how many formed, and the load averages they ran at."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in results:
         if r.get("kind") == "round":
-            groups.setdefault((r["host"], r["nodes"]), []).append(r)
+            groups.setdefault((r["host"], r["nodes"], r.get("placement", "plain")), []).append(r)
     table = []
-    for (host, n), runs in groups.items():
+    for (host, n, placement), runs in groups.items():
         ok = [r for r in runs if r.get("status") == "ok"]
-        row: dict[str, Any] = {"host": host, "nodes": n, "runs": len(runs), "ok": len(ok),
+        row: dict[str, Any] = {"host": host, "nodes": n, "placement": placement, "runs": len(runs), "ok": len(ok),
                                "load_averages": [r.get("load_average") for r in runs]}
         for name in ("round_s", "host_cpu_round_s", "host_user_s", "host_sys_s", "crowd_cpu_s", "host_rss_mb",
                      "node_bytes", "roster_kb", "node_read_ms"):
@@ -432,7 +451,7 @@ def medians(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def print_tables(results: list[dict[str, Any]]) -> None:
     print(f"{'host':>6} {'nodes':>6} {'round s':>8} {'best s':>7} {'host CPU s':>10} {'user/sys s':>10} "
           f"{'crowd CPU s':>11} {'host RSS MB':>11} {'node B':>6} {'roster KB':>9} {'node read ms':>12} "
-          f"{'runs ok':>7}")
+          f"{'runs ok':>7}  placement")
     for r in medians(results):
         if not r["ok"]:
             print(f"{r['host']:>6} {r['nodes']:>6} {r.get('error', 'error')}")
@@ -441,7 +460,7 @@ def print_tables(results: list[dict[str, Any]]) -> None:
         print(f"{r['host']:>6} {r['nodes']:>6} {r['round_s']:>8.2f} {r['round_best_s']:>7.2f} "
               f"{r['host_cpu_round_s']:>10.2f} {split:>10} {r.get('crowd_cpu_s', 0):>11.2f} "
               f"{r['host_rss_mb']:>11.1f} {r['node_bytes']:>6.0f} {r['roster_kb']:>9.1f} {r['node_read_ms']:>12.3f} "
-              f"{r['ok']:>3}/{r['runs']:<3}")
+              f"{r['ok']:>3}/{r['runs']:<3}  {r['placement']}")
     for s in (r for r in results if "latency_ms" in r):
         print(f"\nsteady state, {s['nodes']} nodes, {s['host']} host, {s['seconds']} s: "
               f"{s['host_cpu_cores']:.3f} cores, RSS {s['host_rss_mb']:.0f} MB (peak {s['host_peak_rss_mb']:.0f}, "
@@ -467,12 +486,19 @@ def main(argv: list[str] | None = None) -> int:
                         "core, 2 to 4)")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds before a measurement is given up")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--domains", type=int, default=0,
+                        help="--topology: also rounds of nodes spread over this many domains, taking turns with "
+                        "plain ones (0: plain only)")
+    parser.add_argument("--segment", type=int, default=0, help="with --domains: also rounds with --segment N")
     parser.add_argument("--crowd", nargs=4, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--wait-slice", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.crowd:
-        _crowd_main(*args.crowd, args.wait_slice)
+        _crowd_main(*args.crowd, args.wait_slice, args.domains, args.segment or None)
         return 0
+    placements: list[tuple[int, int | None]] = [(0, None)]
+    if args.domains:
+        placements += [(args.domains, None)] + ([(args.domains, args.segment)] if args.segment else [])
     _raise_fd_limit()
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -498,11 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     # size alike, and the growth from one size to the next is not the load's.
     for turn in range(args.repeat):
         for n in sizes:
-            for kind in hosts:
-                result = measure(kind, n, procs, args.limit)
+            for kind, placement in ((k, p) for k in hosts for p in placements):
+                result = measure(kind, n, procs, args.limit, placement)
                 result.update(kind="round", load_average=_load(), turn=turn)
                 results.append(result)
-                print(f"{kind:>6} N={n:<6} {result.get('status')} round {result.get('round_s')} s "
+                print(f"{kind:>6} N={n:<6} {result['placement']}: {result.get('status')} "
+                      f"round {result.get('round_s')} s "
                       f"host CPU {result.get('host_cpu_round_s')} s (load {result['load_average']})", flush=True)
     for n in sizes:
         for kind in hosts if n in steady else ():

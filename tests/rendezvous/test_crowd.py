@@ -198,3 +198,31 @@ def test_the_host_serves_each_node_a_constant_number_of_requests() -> None:
         QueryType.MULTI_SET: 1,
         **({QueryType.CANCEL_WAIT: rewaits} if rewaits else {}),
     }
+
+
+def test_segments_cost_each_node_one_or_two_counter_updates_more() -> None:
+    # --segment 4 over 16 domains: each node adds itself to its domain's counter, the node that
+    # completes a segment to the round's as well (n + n / 4 adds more, nothing else); the node
+    # that completes the last segment closes the round, whose ranks are consecutive per domain.
+    n, domains = 256, 16
+    counts: Counter[int] = Counter()
+    with StoreServer("127.0.0.1", 0, clients=n + 8) as server:
+        handlers = server._requests._handlers
+
+        def counted(query: int, handler: Callable[..., None]) -> Callable[..., None]:
+            def run(*args: object) -> None:
+                handler(*args)
+                counts[query] += 1
+
+            return run
+
+        for query, handler in list(handlers.items()):
+            handlers[query] = counted(query, handler)
+        crowd = Crowd("127.0.0.1", server.port, "crowd-segments", nodes=n, first=0, count=n, domains=domains,
+                      segment=4)
+        _form_round(crowd)
+    assert sorted(crowd.ranks) == list(range(n))
+    per_domain = n // domains
+    assert all(crowd.ranks[i] // per_domain == i % domains for i in range(n))
+    assert counts[QueryType.ADD] == n + n + n // 4
+    assert (counts[QueryType.MULTI_GET], counts[QueryType.MULTI_SET], counts[QueryType.COMPARE_SET]) == (1, 1, n + 2)

@@ -44,6 +44,8 @@ from launcher.rendezvous.membership import NodeDescriptor, decode, encode, encod
 from launcher.rendezvous.rounds import sealed_value
 from launcher.rendezvous.store_ops import wait_slice_for
 from launcher.store.protocol import VALIDATION_MAGIC, CheckResponse, QueryType, WaitResponse, encode_key
+from launcher.topology.order import location_record
+from launcher.topology.segments import domain_number
 
 __all__ = ["Crowd", "CrowdClient", "SteadyLoad"]
 
@@ -224,6 +226,13 @@ class Crowd:
     #: Longest single wait: ``None``, the rendezvous's own for a round this size
     #: (:func:`~launcher.rendezvous.store_ops.wait_slice_for`, default settings).
     wait_slice: float | None = None
+    #: ``--topology``: the nodes spread over this many domains (node ``i`` in domain ``i % domains``,
+    #: path ``spine0.dom<d>``), a path in every record; 0: none (torchrun's order).
+    domains: int = 0
+    #: ``--segment N`` (needs ``domains``): the round is formed of whole segments of N nodes of one
+    #: domain, closed by the node that completes its last one (``nodes`` a multiple of N in each
+    #: domain then, so that every node takes part).
+    segment: int | None = None
     clients: list[CrowdClient] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -265,15 +274,27 @@ class Crowd:
         index = await client.add(self.keys.seq(r), 1)
         if index > self.nodes:
             raise RuntimeError(f"node {me.id} took index {index} of a round of {self.nodes}: another run's keys?")
+        i = self.first + k
+        path = ("spine0", f"dom{i % self.domains}") if self.domains else None
         await client.set(self.keys.node(r, index), me.record(is_host=False, was_rank0=False,
-                                                             local_world_size=self.local_world_size),
+                                                             local_world_size=self.local_world_size,
+                                                             topo=location_record(path, i) if path else None),
                          timed=False)
         self.marks["recorded"] = max(self.marks.get("recorded", 0.0), time.monotonic())
-        if index == self.nodes:  # the round is full: this node closes it
+        if self.segment is not None and path is not None:
+            # As Rounds does: count this node in its domain; a completed segment in the round's
+            # counter; the node that completes the last one closes the round.
+            full = False
+            if await client.add(self.keys.domain(r, domain_number(path)), 1) % self.segment == 0:
+                full = await client.add(self.keys.segments(r), 1) * self.segment == self.nodes
+        else:
+            full = index == self.nodes
+        if full:  # the round is full: this node closes it
             self.marks["closer_start"] = time.monotonic()
             records = await client.multi_get([self.keys.node(r, i) for i in range(1, self.nodes + 1)])
             nodes = [{**decode(raw), "idx": i} for i, raw in enumerate(records, start=1)]
-            value = sealed_value(nodes, self.nodes, self.nodes, stable_rank0=False, closer=me.id)
+            value = sealed_value(nodes, self.nodes, self.nodes, stable_rank0=False, closer=me.id,
+                                 segment=self.segment, max_nodes=self.nodes)
             await client.compare_set(self.keys.roster(r), b"", encode_large(value))
             await client.multi_set([self.keys.place(r, i) for i in range(1, self.nodes + 1)], places(value))
             await client.compare_set(self.keys.sealed(r), b"", encode(sealed_summary(value)))
