@@ -231,7 +231,8 @@ def plan_from_settings(
         if settings["topology"].segment is not None:
             from launcher.topology.locate import check_segment
 
-            check_segment(settings["topology"], rdzv.min_nodes, rdzv.max_nodes, rdzv.backend, location)
+            check_segment(settings["topology"], rdzv.min_nodes, rdzv.max_nodes, rdzv.backend, location,
+                          core_rounds=backend.name == "c10d" or backend.create_store is not None)
     if logs.log_dir:
         check_log_dir(logs.log_dir)
     from launcher.limits import check_worker_limits

@@ -54,3 +54,17 @@ def test_a_segment_trains_the_rest_wait_and_a_spare_of_the_lost_nodes_leaf_repla
     assert {i.round for i in infos} == {1}
     assert sorted(infos[0].participants) == sorted([b1.node.id, b3.node.id])
     assert not first[0].done() and not late[0].done(), "leaf-a's nodes stay spares"
+
+
+def test_without_min_in_whole_segments_the_round_waits_then_times_out_saying_so(cluster: Cluster) -> None:
+    # MIN 2 nodes joined, but on two leaves: no whole segment, so no round (not one of two leaves).
+    run = cluster.run_id()
+    nodes = []
+    for leaf in ("leaf-a", "leaf-b"):
+        handler = cluster.node(run, 2, 2, join_timeout=2, last_call_timeout=0.3)
+        handler.topology = NodeLocation(("spine0", leaf))
+        handler.segment = 2
+        nodes.append(Pending(handler))
+    errors = [str(p.exception()) for p in nodes]
+    assert any("2 of 2 required nodes joined round 0" in e and "which make 0 whole segment(s) of 2 nodes" in e
+               for e in errors), errors

@@ -100,8 +100,10 @@ def test_forms_and_the_job_size() -> None:
                                  "e.g. --nnodes 8:16")
     with pytest.raises(UsageError, match=r"e\.g\. --nnodes 4$"):
         check_segment(settings, 1, 3, "c10d", here)
-    with pytest.raises(UsageError, match="static rendezvous backend"):
+    with pytest.raises(UsageError, match="with the static rendezvous backend"):
         check_segment(settings, 4, 4, "static", here)
+    with pytest.raises(UsageError, match="with the acme rendezvous backend .* use --rdzv-backend c10d"):
+        check_segment(settings, 4, 4, "acme", here, core_rounds=False)
     with pytest.raises(UsageError, match="placed this node nowhere"):
         check_segment(settings, 4, 4, "c10d", None)
 

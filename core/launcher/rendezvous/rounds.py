@@ -578,6 +578,10 @@ class Rounds:
             f"rendezvous {self._run_id!r} timed out after {self._config.join_timeout:g} s: "
             f"{count} of {self._min} required nodes joined round {r} (--nnodes {self._min}:{self._max})"
         )
+        if self.segment is not None:
+            whole = self._ops.add(self._keys.segments(r), 0)
+            message += (f", which make {whole} whole segment(s) of {self.segment} nodes of one domain "
+                        f"({whole * self.segment} nodes; --segment {self.segment} needs {self._min})")
         if missing:
             message += f"; missing since round {previous.round if previous else '?'}: {list_ids(missing)}"
         message += (

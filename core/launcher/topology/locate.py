@@ -88,9 +88,11 @@ def read_topology(values: FlagValues) -> TopologySettings | None:
 
 
 def check_segment(settings: TopologySettings, min_nodes: int, max_nodes: int, backend: str,
-                  location: NodeLocation | None) -> None:
-    """``--segment N`` against the job: MIN and MAX multiples of N, a backend whose closer places
-    nodes (not ``static``), and this node placed. A one-line :class:`UsageError` otherwise."""
+                  location: NodeLocation | None, *, core_rounds: bool = True) -> None:
+    """``--segment N`` against the job: MIN and MAX multiples of N, a backend whose rounds
+    launcher's closer forms (``core_rounds``: c10d, or a store-only plugin such as etcd; not
+    ``static`` nor a plugin with a handler of its own), and this node placed. A one-line
+    :class:`UsageError` otherwise."""
     size = settings.segment
     if size is None:
         return
@@ -101,9 +103,9 @@ def check_segment(settings: TopologySettings, min_nodes: int, max_nodes: int, ba
         right = str(lo) if lo == hi else f"{lo}:{hi}"
         raise UsageError(f"{flag} {size} needs --nnodes MIN and MAX that are multiples of {size}, not "
                          f"{min_nodes}:{max_nodes}: e.g. --nnodes {right}")
-    if backend == "static":
-        raise UsageError(f"{flag} {size} does not work with the static rendezvous backend (it fixes group ranks "
-                         "itself): use --rdzv-backend c10d")
+    if backend == "static" or not core_rounds:
+        raise UsageError(f"{flag} {size} does not work with the {backend} rendezvous backend (it gives group ranks "
+                         "itself): use --rdzv-backend c10d, or a store-only backend such as etcd")
     if location is None:
         raise UsageError(f"{flag} {size}: {settings.flag} auto placed this node nowhere, so it could never train in "
                          "a segment: name a source that places it (file:PATH, slurm, nvml)")
