@@ -487,7 +487,7 @@ class Rounds:
                 self._ops.add(self._keys.seq(r), 1)
             if size >= self._max or self.segment is not None:
                 # With --segment, a node left out has no whole segment to train in: a spare.
-                return self._wait_as_spare(r)
+                return self._wait_as_spare(r, size)
             return self._wait_late(r, deadline, f"round {r} closed without this node")
         host_rank, world, left = state.get("hr"), state.get("ws"), state.get("left")
         return Membership(
@@ -504,7 +504,7 @@ class Rounds:
             load=functools.partial(self._roster, r),
         )
 
-    def _wait_as_spare(self, r: int) -> int:
+    def _wait_as_spare(self, r: int, size: int | None = None) -> int:
         """Round ``r`` has MAX nodes: wait, for as long as the job runs, until a round after it
         opens (a participant left or was lost); its number. A spare is not counted as a node
         waiting to join (round ``r`` has no room for it), so it starts no new round itself."""
@@ -513,7 +513,7 @@ class Rounds:
             "rendezvous %r: waiting as a spare: the job has its %d nodes (round %d); this node takes the "
             "place of the first one to leave",
             self._run_id,
-            self._max,
+            self._max if size is None else size,
             r,
         )
         r_next = self._wait_late(r, math.inf, "", spare=True)
