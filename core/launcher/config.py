@@ -34,7 +34,7 @@ from launcher.agent.settings import (
 )
 from launcher.devices.settings import NumaSettings, check_numa_fallback
 from launcher.events.settings import EventSettings
-from launcher.hangs.settings import HangSettings, parse_hang_timeout, parse_hang_watch
+from launcher.hangs.settings import HangSettings, hang_settings
 from launcher.logs.settings import (
     STD_ALL,
     STD_ERR,
@@ -124,10 +124,16 @@ class LaunchConfig:
     #: ``--worker-tty``: pseudo-terminals for workers: ``auto`` (when the launcher's console is a
     #: terminal), ``always`` or ``never`` (pipes, whole lines).
     worker_tty: str = "auto"
-    #: Seconds without progress after which a rank is hung (``None``: no hang detection).
-    hang_timeout: float | None = None
+    #: Seconds without progress after which a rank is hung, or ``"auto"`` (learned; ``None``: no
+    #: hang detection).
+    hang_timeout: float | str | None = None
     #: What counts as progress: ``heartbeat`` (launcher.heartbeat() calls) or ``output`` (those or any line).
     hang_watch: str = "heartbeat"
+    #: ``--hang-factor``, ``--hang-start-timeout``, ``--hang-floor``: with ``hang_timeout="auto"``
+    #: only (``None``: the default).
+    hang_factor: float | None = None
+    hang_start_timeout: float | None = None
+    hang_floor: float | None = None
     #: ``--preload``: modules a per-node template imports once, workers forked from it (launcher.preload.preload).
     preload: tuple[str, ...] = ()
 
@@ -170,8 +176,14 @@ class LaunchConfig:
         if isinstance(self.signals_to_handle, str):  # the command line's form, "SIGTERM,SIGINT"
             self.signals_to_handle = self.signals_to_handle.split(",")
         signal_numbers(self.signals_to_handle)
-        self.hangs = HangSettings(parse_hang_timeout(self.hang_timeout), parse_hang_watch(self.hang_watch))
-        self.hang_timeout, self.hang_watch = self.hangs.timeout, self.hangs.watch
+        self.hangs = hang_settings(self.hang_timeout, self.hang_watch, factor=self.hang_factor,
+                                   start_timeout=self.hang_start_timeout, floor=self.hang_floor)
+        self.hang_watch = self.hangs.watch
+        if self.hangs.auto:
+            self.hang_timeout, self.hang_factor = "auto", self.hangs.factor
+            self.hang_start_timeout, self.hang_floor = self.hangs.timeout, self.hangs.floor
+        else:
+            self.hang_timeout = self.hangs.timeout
         self.preload = parse_preload(self.preload) if self.preload else ()
         self.events = EventSettings(tuple(self.event_log_handlers))
 
@@ -278,8 +290,11 @@ class LaunchConfig:
             numa_fallback=numa.fallback,
             log_line_prefix_template=log_line_prefix_template,
             worker_tty=workers.worker_tty,
-            hang_timeout=hangs.timeout,
+            hang_timeout="auto" if hangs.auto else hangs.timeout,
             hang_watch=hangs.watch,
+            hang_factor=hangs.factor if hangs.auto else None,
+            hang_start_timeout=hangs.timeout if hangs.auto else None,
+            hang_floor=hangs.floor if hangs.auto else None,
             preload=settings["preload"].modules,
             settings=dict(settings),
         )

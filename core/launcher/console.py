@@ -51,6 +51,8 @@ def setup_console_logging() -> None:
         # Waiting for other nodes should never look like a hang: show the rendezvous' progress
         # ("2 joined of min 3 ...; timeout in 540 s") by default.
         logging.getLogger("launcher.rendezvous").setLevel(logging.INFO)
+        # --hang-timeout auto: each change of a learned timeout (a few per job) is worth a line.
+        logging.getLogger("launcher.hangs.learned").setLevel(logging.INFO)
 
 
 def ensure_console_logging() -> None:

@@ -20,6 +20,10 @@ Key schema (all under ``launcher/<run_id>/hang/<round>``, so a new round starts 
     sets: a node waits for ``all_read`` (bounded) before stopping, so the node that serves the
     store does not take it away while another node is still reading.
 
+And, with ``--hang-timeout auto``, one key per job (``launcher/<run_id>/hang/learned``, not per
+round: a later round reads what an earlier one learned): ``{"steady": seconds}``, the largest
+steady timeout any node learned (:func:`share_learned`).
+
 Each node that sees the alarm dumps its own ranks, publishes its summary, and waits (bounded)
 for the merged report before it stops its workers: the merging node writes it once every node
 published, so no node's workers are torn down while another is still taking their peers' stacks.
@@ -79,6 +83,42 @@ def check_alarm(store: KeyValueStore, base: str) -> dict[str, Any] | None:
         return dict(json.loads(store.get(key, timeout=5.0)))
     except (ValueError, TypeError):
         return {"node": "?", "reason": "a hang (unreadable alarm)"}
+
+
+def learned_key(run_id: str) -> str:
+    """The key of a job's learned hang timeouts (every round's)."""
+    return f"launcher/{run_id}/hang/learned"
+
+
+# Never a stored value (those are JSON): a compare-and-set that expects it stores nothing and
+# returns what the key holds (or this, when the key is missing), a read in one request.
+_PROBE = b"\x00"
+
+
+def _steady(value: bytes) -> float | None:
+    try:
+        number = json.loads(value)["steady"]
+        return float(number) if number is not None else None
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def share_learned(store: KeyValueStore, key: str, value: float | None, *, tries: int = 8) -> float | None:
+    """Raise the learned steady timeout at ``key`` to ``value`` unless a node's is larger, and
+    return the largest (``None``: none learned anywhere). One request when this node has nothing
+    larger to give (every node calls it every few seconds), a compare-and-set more when it has
+    (rarely: a learned value only grows, by clear steps): O(1) requests per node, whatever the
+    number of nodes."""
+    current = store.compare_set(key, _PROBE, _PROBE)
+    for _ in range(tries):
+        stood = None if current == _PROBE else _steady(current)
+        if value is None or (stood is not None and stood >= value):
+            return stood
+        desired = json.dumps({"steady": value}, separators=(",", ":")).encode()
+        current = store.compare_set(key, b"" if current == _PROBE else current, desired)
+        if current == desired:
+            return value
+    return None if current == _PROBE else _steady(current)
 
 
 def publish(store: KeyValueStore, base: str, summary: NodeSummary) -> None:

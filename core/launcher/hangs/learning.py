@@ -1,8 +1,8 @@
 """The learning rule for learned hang timeouts (issue 46, part 2: ``--hang-timeout auto``).
 
-Not wired to a flag yet: ``--hang-timeout`` takes seconds only. These pure functions are the rule
-the agent is to apply to the intervals it sees between a rank's progress events (the beats of
-``launcher.hangs.watch``), so that it can be tested, and argued about, on its own.
+These pure functions are the rule the agent applies (:class:`launcher.hangs.watch.HangWatch`) to
+the intervals it sees between a rank's progress events (the beats of ``launcher.hangs.watch``), so
+that it can be tested, and argued about, on its own.
 
 The rule, after NVIDIA's ft_launcher (a safety factor times the longest interval observed, the
 maximum over all ranks), with two changes that keep false alarms away:
@@ -78,18 +78,25 @@ class IntervalLearner:
         self.seen = 0
         self._longest = 0.0
         self._in_window = 0
+        #: The longest interval of the last complete window (for the line that tells the value).
+        self.last_longest = 0.0
 
-    def observe(self, interval: float) -> float | None:
-        """Learn from one interval between progress events (seconds); the new timeout when it
+    def observe(self, interval: float, count: int = 1) -> float | None:
+        """Learn from ``count`` intervals between progress events, the longest at most
+        ``interval`` seconds (an observer that samples sees several at once: the agent sees the
+        span between two looks and the optimizer steps taken in it); the new timeout when it
         changed (the caller logs it), else ``None``."""
-        self.seen += 1
-        if self.seen <= self.rule.warmup:
+        before = self.seen
+        self.seen += max(1, count)
+        counted = self.seen - max(before, self.rule.warmup)
+        if counted <= 0:
             return None
         self._longest = max(self._longest, interval)
-        self._in_window += 1
+        self._in_window += counted
         if self._in_window < self.rule.window:
             return None
         value = learn(self.rule, self.timeout, self._longest)
+        self.last_longest = self._longest
         self._longest, self._in_window = 0.0, 0
         if value == self.timeout:
             return None

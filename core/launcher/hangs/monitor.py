@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.hangs import cluster, flightrec, ondemand, stacks
 from launcher.hangs.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_PID_ENV, HEARTBEAT_SLOT_ENV
 from launcher.hangs.report import HangReport, NodeSummary, RankEntry, write_stacks_file
-from launcher.hangs.watch import HangWatch, HeartbeatTable, RankProgress
+from launcher.hangs.watch import HangWatch, HeartbeatTable, LearnedTimeouts, RankProgress
 from launcher.private_dirs import make_private_dir
 from launcher.rendezvous.api import STORE_FAILURES
 
@@ -54,6 +54,8 @@ DUMP_TIMEOUT = 3.0
 DUMP_SLACK = 0.5
 #: Longest wait for the other nodes' summaries after a hang.
 COLLECT_TIMEOUT = 15.0
+#: Seconds between two exchanges of the learned timeouts with the other nodes (``auto``).
+SHARE_INTERVAL = 5.0
 
 
 def _private_dir() -> str:
@@ -75,8 +77,12 @@ class HangMonitor:
 
         assert plan.hangs is not None
         logs_specs = plan.logs_specs
+        settings = plan.settings.get("hangs")
+        learned = (LearnedTimeouts(settings.timeout, factor=settings.factor, floor=settings.floor)
+                   if settings is not None and getattr(settings, "auto", False) else None)
         return cls(
             plan.hangs.timeout, node=plan.node, run_id=plan.run_id, output=plan.hangs.watch_output, emit=emit,
+            learned=learned,
             # The run's log directory, --log-dir or not (a temporary one is then kept).
             log_dir=lambda: run_log_dir(logs_specs) or getattr(logs_specs, "_run_log_dir", None),
             keep_logs=getattr(logs_specs, "keep", None),
@@ -85,11 +91,16 @@ class HangMonitor:
     def __init__(self, timeout: float, *, node: str, run_id: str, output: bool = False,
                  log_dir: Callable[[], str | None] | None = None,
                  emit: Callable[..., None] | None = None,
-                 keep_logs: Callable[[], None] | None = None) -> None:
+                 keep_logs: Callable[[], None] | None = None,
+                 learned: LearnedTimeouts | None = None) -> None:
         """``log_dir`` gives the run's log directory (``None`` when it has none): the stacks files
         go there, and ``keep_logs`` is called when one does (a temporary log directory is then not
-        removed when the job succeeds)."""
+        removed when the job succeeds). ``learned``: ``--hang-timeout auto`` (kept here, across
+        attempts)."""
         self.timeout = timeout
+        #: ``--hang-timeout auto``: the learned timeouts of this job (``None``: a fixed timeout).
+        self.learned = learned
+        self._next_share = 0.0
         self.output = output
         self.node = node
         self.run_id = run_id
@@ -99,7 +110,9 @@ class HangMonitor:
         self._agent_file: str | None = None
         self._emit = emit
         self.dir = _private_dir()
-        self.check_interval = min(1.0, max(0.05, timeout / 4))
+        # auto: every learned timeout is at least the floor; the span the watch sees between two
+        # checks bounds the intervals it learns, so it looks more often than the floor needs.
+        self.check_interval = min(1.0, max(0.05, learned.rule.floor / 8 if learned is not None else timeout / 4))
         self._attempt = -1
         self._watch: HangWatch | None = None
         self._group: WorkerGroup | None = None
@@ -130,7 +143,7 @@ class HangMonitor:
         self._attempt += 1
         count = max(envs) + 1 if envs else 0
         table = HeartbeatTable(os.path.join(self.dir, f"heartbeats.{self._attempt}"), count)
-        self._watch = HangWatch(table, self.timeout, output=self.output)
+        self._watch = HangWatch(table, self.timeout, output=self.output, learned=self.learned)
         for local_rank, env in envs.items():
             env[HEARTBEAT_FILE_ENV] = table.path
             env[HEARTBEAT_SLOT_ENV] = str(local_rank)
@@ -173,6 +186,7 @@ class HangMonitor:
         now = time.monotonic()
         self._next_local = now + self.check_interval
         self._next_alarm = now + ALARM_INTERVAL
+        self._next_share = now + SHARE_INTERVAL
         self._silent_warned = set()
         if self._watch is not None:  # a rank's wait for its first heartbeat counts from here
             for slot in group.slots:
@@ -243,8 +257,9 @@ class HangMonitor:
             self._next_local = now + self.check_interval
             # A worker that has exited (successfully: a failure ends the attempt at once) beats
             # no more, and is not hung.
-            states = self._watch.progress(now)
-            self._warn_silent(states)
+            states = self._watch.progress(now, learn=True)
+            if self.learned is None:  # auto judges the start phase itself
+                self._warn_silent(states)
             hung = [state for state in states if state.hung and self._running(state.local_rank)]
             if hung:
                 first = max(hung, key=lambda state: state.age or 0.0)
@@ -272,7 +287,30 @@ class HangMonitor:
                 remote = None
             if remote is not None:
                 return self._diagnose(remote)
+        if self._multinode and self.learned is not None and now >= self._next_share:
+            self._next_share = now + SHARE_INTERVAL
+            self._share_learned()
         return None
+
+    def _share_learned(self) -> None:
+        """Give the other nodes this node's learned timeout and take theirs (the maximum), in
+        O(1) store requests (:func:`launcher.hangs.cluster.share_learned`)."""
+        assert self.learned is not None and self._info is not None and self._info.store is not None
+        try:
+            merged = cluster.share_learned(self._info.store, cluster.learned_key(self.run_id), self.learned.steady)
+        except STORE_FAILURES as exc:
+            log.debug("cannot exchange the learned hang timeouts: %s", exc)
+            return
+        if merged is not None:
+            self.learned.offer(merged, source="the largest of the nodes'")
+
+    def hang_timeouts(self) -> dict[str, Any] | None:
+        """The timeouts in force, seconds per phase, for ``launcher status`` and ``/metrics``:
+        ``{"start", "steady"}`` with ``auto`` (``steady`` ``None`` until learned), ``{"steady"}``
+        with a fixed timeout."""
+        if self.learned is not None:
+            return self.learned.as_dict()
+        return {"steady": self.timeout}
 
     def _warn_silent(self, states: list[RankProgress]) -> None:
         """Once per rank and attempt, in one line per check: the running ranks that have sent no

@@ -18,7 +18,12 @@ says which ranks are hung:
   passes the timeout (``docs/hangs.md``);
 * a watched rank is hung when its last sign of progress is older than the timeout;
 * inside a ``quiet(name, timeout)`` section, it is hung only once the section's own timeout
-  has passed.
+  has passed;
+* with ``--hang-timeout auto`` (a :class:`LearnedTimeouts`): a rank with no progress yet is hung
+  once the *start timeout* has passed since it started; after its first progress, once its last
+  progress is older than the learned *steady* timeout (the start timeout until one is learned).
+  The watch learns from what it already reads each check: when a rank's last beat changed, the
+  change is one interval (:mod:`launcher.hangs.learning`; no cost in the workers).
 
 Reading 64 slots is one pass over 4 KiB of shared memory: the agent can afford it every
 fraction of a second.
@@ -26,12 +31,67 @@ fraction of a second.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, unpack_slot, unpack_steps
+from launcher.hangs.learning import IntervalLearner, LearningRule
 from launcher.slot_table import SlotTable
+
+log = logging.getLogger("launcher.hangs")
+#: Where each change of a learned timeout is told (INFO, shown by default: launcher.console).
+learned_log = logging.getLogger("launcher.hangs.learned")
+
+#: Intervals after a rank's first progress not learned from (``--hang-timeout auto``). The watch
+#: sees, at each check, the span since the last beat it saw and the optimizer steps taken in it:
+#: that many intervals (one when the job takes no optimizer steps), none longer than the span.
+AUTO_WARMUP = 10
+#: Intervals per learned value.
+AUTO_WINDOW = 50
+
+
+def _seconds(value: float) -> str:
+    """``42 s``, ``8.4 s``, ``0.25 s``: enough digits to read, no more."""
+    return f"{value:.0f} s" if value >= 10 else f"{value:.2g} s"
+
+
+class LearnedTimeouts:
+    """The timeouts ``--hang-timeout auto`` learned for one job: kept by the
+    :class:`~launcher.hangs.monitor.HangMonitor` across attempts (restarts and recoveries in
+    place), raised by every attempt's :class:`HangWatch` and by other nodes' values."""
+
+    def __init__(self, start: float, *, factor: float, floor: float) -> None:
+        #: Seconds from a worker's start to its first progress.
+        self.start = start
+        #: The rule each rank's intervals are learned with.
+        self.rule = LearningRule(factor=factor, floor=floor, warmup=AUTO_WARMUP, window=AUTO_WINDOW)
+        #: The learned steady timeout (``None``: none yet, the start timeout applies).
+        self.steady: float | None = None
+
+    def offer(self, value: float | None, *, longest: float | None = None, intervals: int = 0,
+              source: str = "") -> bool:
+        """Raise the steady timeout to ``value`` when it is larger (the maximum over ranks and
+        nodes); one INFO line per change. ``longest`` and ``intervals`` say how it was learned
+        here, ``source`` where it came from otherwise."""
+        if value is None or (self.steady is not None and value <= self.steady):
+            return False
+        self.steady = value
+        if source:
+            how = source
+        elif longest is not None and self.rule.factor * longest >= self.rule.floor:
+            how = (f"{self.rule.factor:g} x the longest interval, {_seconds(longest)}, "
+                   f"over {intervals} intervals")
+        else:
+            how = f"the floor, --hang-floor; the longest interval was {_seconds(longest or 0.0)} over {intervals}"
+        learned_log.info("hang timeout (steady) learned: %s (%s)", _seconds(value), how)
+        return True
+
+    def as_dict(self) -> dict[str, Any]:
+        """For ``launcher status`` and ``/metrics``: seconds per phase (``None``: none learned yet)."""
+        return {"start": self.start, "steady": self.steady}
 
 
 class HeartbeatTable(SlotTable):
@@ -81,11 +141,20 @@ class HangWatch:
     """Decides which local ranks are hung (see the module docstring)."""
 
     def __init__(self, table: HeartbeatTable, timeout: float, *, output: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, learned: LearnedTimeouts | None = None) -> None:
+        """``learned``: ``--hang-timeout auto`` (``timeout`` is then unused)."""
         self.table = table
         self.timeout = timeout
         self.output = output
         self._clock = clock
+        self.learned = learned
+        count = table.count
+        # Each rank's learner starts from the value kept from earlier attempts: it only grows.
+        self._learners = ([IntervalLearner(learned.rule, learned.steady) for _ in range(count)]
+                          if learned is not None else [])
+        self._last_beat = [0.0] * count
+        self._last_steps = [0] * count
+        self._was_quiet = [False] * count
         #: Monotonic time of each worker's last output line (output mode).
         self.last_output = [0.0] * table.count
         #: Monotonic time each worker started (0: not known yet), for :attr:`RankProgress.waiting`.
@@ -105,11 +174,33 @@ class HangWatch:
 
         return seen
 
-    def progress(self, now: float | None = None) -> list[RankProgress]:
-        """Every local rank's state, in local-rank order."""
+    def _learn(self, index: int, beat: float, steps: int, quiet: bool) -> None:
+        """A check saw ``beat`` as the rank's last progress: a change since the last check is
+        intervals to learn from (not when it spans a quiet section: that has its own timeout)."""
+        learned = self.learned
+        previous = self._last_beat[index]
+        if learned is not None and beat > 0 and beat != previous:
+            if previous > 0 and not quiet and not self._was_quiet[index]:
+                learner = self._learners[index]
+                # What other ranks and nodes learned: this rank's learner only offers more.
+                learner.timeout = learned.steady if learner.timeout is None else max(learner.timeout,
+                                                                                     learned.steady or 0.0)
+                value = learner.observe(beat - previous, max(1, steps - self._last_steps[index]))
+                if value is not None:
+                    learned.offer(value, longest=learner.last_longest, intervals=learner.seen)
+            self._last_beat[index] = beat
+            self._last_steps[index] = steps
+        self._was_quiet[index] = quiet
+
+    def progress(self, now: float | None = None, *, learn: bool = False) -> list[RankProgress]:
+        """Every local rank's state, in local-rank order. ``learn``: the monitor's check (with
+        ``--hang-timeout auto``, the beats seen teach the timeout); a status read only looks."""
         now = self._clock() if now is None else now
         states = []
+        learned = self.learned
         for index, (beat, deadline, started, name, steps) in enumerate(self.table.read_all()):
+            if learn and learned is not None:
+                self._learn(index, beat, steps, deadline > 0)
             last = max(beat, self.last_output[index]) if self.output else beat
             age = now - last if last > 0 else None
             began = self.start_times[index]
@@ -121,8 +212,21 @@ class HangWatch:
                 states.append(RankProgress(index, age, hung, quiet=name, reason=reason, waiting=waiting,
                                            optimizer_steps=steps))
                 continue
-            hung = age is not None and age > self.timeout
             what = "heartbeat or output line" if self.output else "heartbeat"
+            if learned is not None:
+                if age is None:  # the start phase: its own timeout
+                    hung = waiting is not None and waiting > learned.start
+                    reason = (f"no {what} yet after {waiting:.1f} s (start timeout {learned.start:g} s)"
+                              if hung and waiting is not None else "")
+                else:
+                    limit, which = ((learned.steady, "learned timeout") if learned.steady is not None
+                                    else (learned.start, "start timeout, none learned yet"))
+                    hung = age > limit
+                    reason = f"no {what} for {age:.1f} s ({which} {_seconds(limit)})" if hung else ""
+                states.append(RankProgress(index, age, hung, reason=reason, waiting=waiting,
+                                           optimizer_steps=steps))
+                continue
+            hung = age is not None and age > self.timeout
             reason = f"no {what} for {age:.1f} s (timeout {self.timeout:g} s)" if hung and age is not None else ""
             states.append(RankProgress(index, age, hung, reason=reason, waiting=waiting, optimizer_steps=steps))
         return states

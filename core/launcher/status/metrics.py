@@ -77,6 +77,12 @@ def render(doc: dict[str, Any] | None, hangs_seen: int, now: float | None = None
         ("launcher_round", "gauge", "The rendezvous round the workers run in.", [(node, doc["round"])]),
         ("launcher_hangs_total", "counter", "Hangs this node's agent diagnosed.", [(node, hangs_seen)]),
     ]
+    timeouts = doc.get("hang_timeouts")
+    if timeouts:  # only phases with a value: a timeout not learned yet is no number
+        families.append(("launcher_hang_timeout_seconds", "gauge",
+                         "The hang timeout in force per phase (--hang-timeout; auto: as learned).",
+                         [(f'{node},phase="{_label(phase)}"', seconds) for phase, seconds in timeouts.items()
+                          if seconds is not None]))
     slow = set(doc.get("slow_ranks", ()))
     if doc.get("straggler_detection"):  # without detection "no straggler" would be a made-up 0
         families.append(("launcher_stragglers", "gauge", "Ranks of the job straggler detection names slow now.",

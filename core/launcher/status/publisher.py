@@ -253,6 +253,8 @@ class StatusPublisher:
             "straggler_detection": self._stragglers is not None,
             "slow_ranks": list(self._stragglers.slow_ranks) if self._stragglers is not None else [],
             "last_hang": self._hangs.last_hang if self._hangs is not None else None,
+            # The timeouts in force, seconds per phase (--hang-timeout auto: as learned so far).
+            "hang_timeouts": self._hangs.hang_timeouts() if self._hangs is not None else None,
             "agent": self._agent,
             "store": {"host": info.master_addr, "port": info.master_port} if info.group_world_size > 1 else None,
             "interval_s": self._interval,

@@ -39,6 +39,10 @@ def _elapsed(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+def _timeout(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.2g} s"
+
+
 def _in_place(job: dict[str, Any]) -> str:
     count = int(job.get("recoveries_in_place") or 0)
     return f" ({count} in place)" if count else ""
@@ -62,6 +66,11 @@ def render(status: dict[str, Any]) -> str:
     if hang and hang.get("lines"):
         lines.append(f"last hang (attempt {hang.get('attempt')}): {hang['lines'][0]}")
         lines += [f"  {line}" for line in hang["lines"][1:]]
+    timeouts = job.get("hang_timeouts")
+    if timeouts and "start" in timeouts:  # learned (--hang-timeout auto); a fixed one is the user's own
+        lines.append("hang timeouts: " + ", ".join(
+            f"{phase} {_timeout(seconds) if seconds is not None else 'not learned yet'}"
+            for phase, seconds in timeouts.items()))
     if job["failed_ranks"]:
         lines.append(f"failed ranks: {', '.join(map(str, job['failed_ranks']))}")
     if status["missing_nodes"]:

@@ -245,6 +245,8 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
     # Every node joined the same hang report: the first node's account stands for all.
     last_hang = next((doc["last_hang"] for doc in sorted(records, key=lambda d: int(d["group_rank"]))
                       if doc.get("last_hang")), None)
+    # Learned values are the maximum over the nodes (they exchange them; one may lag a few seconds).
+    hang_timeouts = _largest([doc.get("hang_timeouts") for doc in records])
     return {
         "schema": SCHEMA_VERSION,
         "job": {
@@ -265,9 +267,25 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
             "slow_ranks": slow,
             "straggler_detection": any(bool(doc.get("straggler_detection")) for doc in records),
             "last_hang": last_hang,
+            "hang_timeouts": hang_timeouts,
         },
         "nodes": nodes,
         "missing_nodes": missing,
         "store_problem": problem,
         "ranks": ranks,
     }
+
+
+def _largest(values: list[Any]) -> dict[str, float | None] | None:
+    """Per phase, the largest of the nodes' hang timeouts (``None``: no node watches for hangs)."""
+    given = [value for value in values if isinstance(value, dict)]
+    if not given:
+        return None
+    phases: dict[str, float | None] = {}
+    for value in given:
+        for phase, seconds in value.items():
+            if seconds is not None:
+                phases[phase] = max(float(seconds), phases.get(phase) or 0.0)
+            else:
+                phases.setdefault(phase, None)
+    return phases
