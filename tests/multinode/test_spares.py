@@ -90,17 +90,20 @@ def test_spare_replaces_a_killed_agent_at_once(make_network, start_agent, tmp_pa
 @pytest.mark.timeout(150)
 def test_spare_replaces_a_cut_off_node_after_the_heartbeat_timeout(make_network, start_agent, tmp_path):
     """The active non-host node's cable is pulled (no connection closes): the survivor finds it
-    lost by its heartbeat within heartbeat timeout + a tick, and the spare takes its place."""
+    lost within heartbeat timeout + a tick, and the spare takes its place. Silence alone gives the
+    workers a grace (a paused agent's host still answers); the store's keep-alive probes, tied to
+    the heartbeat timeout, confirm a cut-off host within it, so either reason may be named."""
     heartbeat_timeout = 3.0
     net, state, agents = start_with_spare(make_network, start_agent, tmp_path, heartbeat_timeout)
     net[1].cut()
     cut_at = time.monotonic()
-    lost = re.compile(rf"lost contact with node\(s\) {re.escape(net[1].addr)}_\S+ \(heartbeat timeout\)")
+    lost = re.compile(rf"lost contact with node\(s\) {re.escape(net[1].addr)}_\S+ "
+                      r"\((heartbeat timeout|its host stopped answering \(store connection timed out\))\)")
     wait_until(lambda: lost.search(agents[0].stderr), heartbeat_timeout + 15, "node 0 to name node 1 lost",
                on_timeout=lambda: logs(agents))
     delay = time.monotonic() - cut_at
     print(f"node 1 named lost {delay:.1f} s after its cable was pulled (heartbeat_timeout={heartbeat_timeout:g})")
-    assert delay < heartbeat_timeout + 5, logs(agents)
+    assert delay < 2 * heartbeat_timeout + 5, logs(agents)  # the timeout, then at most the grace
     assert "agent process died" not in agents[0].stderr, agents[0].describe()
     wait_all([agents[0], agents[2]], 90, context=agents)
     check_history(state, STEPS, [4])
