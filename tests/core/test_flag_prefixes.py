@@ -149,7 +149,7 @@ def test_known_torchrun_abbreviations(argv: list[str], dest: str, value: object)
 @pytest.mark.parametrize(("argv", "names"), [
     (["--exit-barrier=5"], "--exit-barrier-timeout"),
     (["--exit_barrier=5"], "--exit_barrier_timeout"),
-    (["--hang", "5"], "--hang-timeout or --hang-watch"),
+    (["--hang", "5"], "--hang-timeout or --hang-watch or --hang-factor or --hang-start-timeout or --hang-floor"),
     (["--prel=torch"], "--preload"),
     (["--worker-t", "never"], "--worker-tty"),
     (["--clus=none"], "--cluster"),
