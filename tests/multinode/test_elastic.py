@@ -217,7 +217,9 @@ def test_link_cut_below_min_fails_naming_the_lost_node(make_network, start_agent
         assert "Traceback" not in agent.stderr.split("[launcher]")[-1], agent.describe()
     took = time.monotonic() - cut_at
     print(f"survivors failed {took:.1f} s after the cut (heartbeat_timeout={HEARTBEAT_TIMEOUT}, join_timeout=8)")
-    assert took < HEARTBEAT_TIMEOUT + 8 + 15, logs(agents)
+    # The loss (by silence, then the keep-alive's confirmation, or the grace), the join timeout,
+    # the host serving the others until they left; far below any default timeout.
+    assert took < 2 * HEARTBEAT_TIMEOUT + 8 + 25, logs(agents)
     # The node serving the store times out the round and names who is missing.
     final = agents[0].stderr.strip().splitlines()[-1]
     assert "ERROR" in final and re.search(lost_id, final), agents[0].describe()

@@ -71,9 +71,13 @@ def parse_hang_timeout(value: Any, name: str = "--hang-timeout") -> "float | str
         return None
     if isinstance(value, str) and value.strip().lower() == AUTO:
         return AUTO
-    if isinstance(value, str) and read_float(value) is None:
-        raise UsageError(f"{name} {quote(value)} is invalid: give seconds (e.g. 300) or auto (learned timeouts)")
-    return parse_seconds(value, name, zero=False)
+    try:
+        return parse_seconds(value, name, zero=False)
+    except UsageError:
+        if isinstance(value, str) and not any(c.isdigit() for c in value):  # a word: say auto exists
+            raise UsageError(f"{name} {quote(value)} is invalid: give seconds (e.g. 300) or auto "
+                             "(learned timeouts)") from None
+        raise  # a number out of range, or not a plain one: parse_seconds says which
 
 
 def _factor(value: Any, name: str) -> float:

@@ -491,13 +491,16 @@ class ServeLoop:
 def _keep_alive(sock: socket.socket, keepalive: tuple[int, int, int]) -> None:
     """Have the kernel probe an idle connection: a peer whose host stops answering (a pulled
     cable, a powered-off host) then ends in ETIMEDOUT, while a live but paused process's kernel
-    still answers the probes, so its connection stays."""
+    still answers the probes, so its connection stays. Probes are sent only while nothing is
+    unacknowledged: a reply in flight when the cable was pulled would leave the connection to
+    TCP's retransmissions (many minutes), so TCP_USER_TIMEOUT ends it after the same time."""
     idle, interval, probes = keepalive
     with contextlib.suppress(OSError, AttributeError):  # TCP_KEEP* are Linux's (and a few others')
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 1000 * (idle + interval * probes))
 
 
 def _local_ip(sock: socket.socket) -> IPAddress | None:
