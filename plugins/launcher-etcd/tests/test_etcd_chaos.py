@@ -23,10 +23,10 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the chaos job's workers need torch"),
 ]
 
-#: Seed 6's first four light etcd trials: kill-agent and etcd-member-killed on an elastic job with a
-#: spare, log-dir-full on a recoverable job, cut-link on a preload job.
+#: Seed 6's first two light etcd trials: kill-agent and etcd-member-killed on an elastic job with a
+#: spare (the next two, log-dir-full and cut-link, are left to benchmarks/chaos.py: CI's time).
 SEED = 6
-TRIALS = 4
+TRIALS = 2
 
 
 def campaign() -> list:
