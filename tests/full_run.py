@@ -32,7 +32,8 @@ ROOT_NETWORK_NEEDS = ("slurm", "mpi", "host_network")
 WORKERS = 3
 #: pytest's exit status when a selection is empty (a checkout without those tests): not a failure.
 NO_TESTS_COLLECTED = 5
-COMMON = ["-q", "-p", "no:cacheprovider", "-rs"]  # -rs: why each skipped test skipped
+#: -rs: why each skipped test skipped; --durations: the slowest 30, to see where CI's time goes.
+COMMON = ["-q", "-p", "no:cacheprovider", "-rs", "--durations=30"]
 
 
 def main(argv: list[str]) -> int:
