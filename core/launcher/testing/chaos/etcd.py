@@ -33,8 +33,9 @@ class EtcdStartError(RuntimeError):
     """An etcd member exited or did not answer ``/health`` in time; the message ends with its log's tail."""
 
 
-class _Host(Protocol):
-    """What a member needs of its host (a subset of :class:`launcher.testing.chaos.HostLike`)."""
+class ProcessHost(Protocol):
+    """A host that runs processes: what an etcd member needs of its host, and the part of
+    :class:`launcher.testing.chaos.HostLike` (which extends it) that starts and runs commands."""
 
     netns: str
 
@@ -87,7 +88,7 @@ _HEALTHY = ("import json, sys, time, urllib.request\n"
             "sys.exit(1)\n")
 
 
-def free_ports(host: _Host, count: int) -> list[int]:
+def free_ports(host: ProcessHost, count: int) -> list[int]:
     """``count`` distinct ports the kernel of ``host``'s namespace calls free now (held together while picked)."""
     result = host.run([sys.executable, "-c", _FREE_PORTS, str(count), host.addr], timeout=30)
     if result.returncode != 0:
@@ -99,7 +100,7 @@ def free_ports(host: _Host, count: int) -> list[int]:
 class EtcdMember:
     """One etcd process in ``host``: its data directory and log file, its client and peer ports (0: picked free)."""
 
-    host: _Host
+    host: ProcessHost
     name: str
     data_dir: Path
     log_path: Path
@@ -146,7 +147,7 @@ class EtcdCluster:
         self.election_ms = election_ms
 
     @classmethod
-    def in_hosts(cls, binary: str, hosts: Sequence[_Host], base: Path, **raft: int) -> EtcdCluster:
+    def in_hosts(cls, binary: str, hosts: Sequence[ProcessHost], base: Path, **raft: int) -> EtcdCluster:
         """One member a host, named ``m0``, ``m1``... (``raft``: ``heartbeat_ms``, ``election_ms``)."""
         members = [EtcdMember(host=host, name=f"m{i}", data_dir=base / f"m{i}" / "data", log_path=base / f"m{i}.log")
                    for i, host in enumerate(hosts)]

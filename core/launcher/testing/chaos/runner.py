@@ -23,9 +23,9 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from launcher.testing.chaos.etcd import EtcdCluster, find_etcd
+from launcher.testing.chaos.etcd import EtcdCluster, ProcessHost, find_etcd
 from launcher.testing.chaos.faults import CATALOGUE, survivable
 from launcher.testing.chaos.invariants import AgentRecord, Injected, TrialRecord
 from launcher.testing.chaos.plan import FaultSpec, Trial, expected_digest
@@ -48,23 +48,10 @@ ETCD_READ_TIMEOUT = 10
 MARKER = "CHAOS_TRIAL"
 
 
-class HostLike(Protocol):
-    """One namespace host, as the runner uses it."""
+class HostLike(ProcessHost, Protocol):
+    """One namespace host, as the runner uses it: a :class:`ProcessHost` it can also fault."""
 
-    netns: str
     ifname: str
-
-    @property
-    def addr(self) -> str: ...
-
-    def endpoint(self, port: int) -> str: ...
-
-    def popen(self, command: Sequence[str], *, env: Mapping[str, str] | None = None,
-              stdout: IO[Any] | int | None = None, stderr: IO[Any] | int | None = None,
-              cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[Any]: ...
-
-    def run(self, command: Sequence[str], *, timeout: float = 30.0,
-            **kwargs: Any) -> subprocess.CompletedProcess[str]: ...
 
     def pids(self) -> list[int]: ...
 
