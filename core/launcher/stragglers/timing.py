@@ -159,20 +159,9 @@ def _open_beat():
     slot = os.environ.get(HEARTBEAT_SLOT_ENV, "")
     if not path or not slot.isdigit() or os.environ.get(HEARTBEAT_PID_ENV) != str(os.getpid()):
         return ()
-    try:
-        import mmap
-
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            size = os.fstat(fd).st_size
-            offset = int(slot) * HEARTBEAT_SLOT_SIZE
-            if offset + HEARTBEAT_SLOT_SIZE > size:
-                return ()
-            beat = (mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), offset)
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):
-        return ()  # watching must never break training
+    beat = _map_slot(path, int(slot), HEARTBEAT_SLOT_SIZE)
+    if not beat:
+        return ()
     import atexit  # built in: nothing to load
 
     # The job's code is over: its end is progress too. torch's teardown at exit takes seconds
@@ -212,21 +201,29 @@ def _open_timing():
         os.environ[STRAGGLER_PID_ENV] = str(os.getpid())
     if os.environ.get(STRAGGLER_PID_ENV) != str(os.getpid()):
         return ()  # a data-loader worker, a spawned child: not the rank's time
+    mapped = _map_slot(path, int(slot), SLOT_SIZE)
+    if mapped:
+        _mapping = mapped[0]
+    return mapped
+
+
+def _map_slot(path, slot, size):
+    """Slot ``slot`` (``size`` bytes each) of the shared file ``path``: ``(page, offset)``, or
+    ``()`` when it cannot be mapped (watching and measuring must never break training)."""
     try:
         import mmap
 
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            size = os.fstat(fd).st_size
-            offset = int(slot) * SLOT_SIZE
-            if offset + SLOT_SIZE > size:
+            length = os.fstat(fd).st_size
+            offset = slot * size
+            if offset + size > length:
                 return ()
-            _mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            return (mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), offset)
         finally:
             os.close(fd)
     except (OSError, ValueError):
-        return ()  # measuring must never break training
-    return (_mapping, offset)
+        return ()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
