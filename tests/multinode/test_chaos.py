@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 import pytest
-from launcher.testing.chaos import EtcdCluster, Sizes, check, plan_trial, run_trial
+from launcher.testing.chaos import EtcdCluster, Sizes, plan_trial, report, run_trial
 
 from tests.multinode.etcd import etcd_binary
 from tests.multinode.netns import Network
@@ -61,13 +61,7 @@ def test_the_known_bugs_leave_a_campaign_of_several_kinds():
 def test_a_seeded_campaign_breaks_no_invariant(tmp_path):
     violations: list[str] = []
     for trial in campaign():
-        record = run_trial(trial, Network, tmp_path / f"trial-{trial.index}")
-        found = check(record)
-        if found:
-            violations.append(trial.describe())
-            violations += [f"    {v}" for v in found]
-            violations += [f"    h{a.host} exited {a.exit_code}; stderr tail:\n" + "\n".join(
-                "      " + line for line in a.stderr.splitlines()[-8:]) for a in record.agents]
+        violations += report(run_trial(trial, Network, tmp_path / f"trial-{trial.index}"))
     assert not violations, "\n".join(violations)
 
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from launcher.testing.chaos import Sizes, check, plan_campaign, run_trial
+from launcher.testing.chaos import Sizes, plan_campaign, report, run_trial
 
 from tests.multinode.netns import Network, cleanup_stale, unavailable_reason
 
@@ -52,10 +52,5 @@ def test_a_seeded_etcd_campaign_breaks_no_invariant(etcd_binary: str, installed_
     violations: list[str] = []
     for trial in campaign():
         record = run_trial(trial, Network, tmp_path / f"trial-{trial.index}", env=env, etcd_binary=etcd_binary)
-        found = check(record)
-        if found:
-            violations.append(trial.describe())
-            violations += [f"    {v}" for v in found]
-            violations += [f"    h{a.host} exited {a.exit_code}; stderr tail:\n" + "\n".join(
-                "      " + line for line in a.stderr.splitlines()[-8:]) for a in record.agents]
+        violations += report(record)
     assert not violations, "\n".join(violations)

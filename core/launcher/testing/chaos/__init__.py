@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from launcher.testing.chaos.etcd import EtcdCluster, find_etcd
 from launcher.testing.chaos.faults import CATALOGUE, Fault, Target, survivable
-from launcher.testing.chaos.invariants import INVARIANTS, AgentRecord, Injected, TrialRecord, check
+from launcher.testing.chaos.invariants import INVARIANTS, AgentRecord, Injected, TrialRecord, check, report
 from launcher.testing.chaos.plan import (
     BACKENDS,
     DEFAULT_BACKENDS,
@@ -55,6 +55,7 @@ __all__ = [
     "check",
     "expected_digest",
     "find_etcd",
+    "report",
     "plan_campaign",
     "plan_trial",
     "run_trial",

@@ -199,6 +199,18 @@ def check(record: TrialRecord) -> list[str]:
             for invariant in INVARIANTS for v in invariant(record)]
 
 
+def report(record: TrialRecord) -> list[str]:
+    """What a failing test prints for ``record``: the trial (with how to replay it), each
+    violation, and each agent's exit and last stderr lines; empty when it broke no invariant."""
+    found = check(record)
+    if not found:
+        return []
+    lines = [record.trial.describe(), *(f"    {v}" for v in found)]
+    lines += [f"    h{a.host} exited {a.exit_code}; stderr tail:\n" + "\n".join(
+        "      " + line for line in a.stderr.splitlines()[-8:]) for a in record.agents]
+    return lines
+
+
 def invariant_number(violation: str) -> int:
     """The invariant a violation string breaks (1-6)."""
     match = re.search(r"invariant (\d)", violation)
