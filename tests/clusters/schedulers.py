@@ -74,12 +74,19 @@ def _sbin(name: str) -> str:
 
 
 class SlurmCluster:
-    """slurmctld and two slurmd (``n1``, ``n2``, two CPUs each) on this host, under ``root``."""
+    """slurmctld and two slurmd (``n1``, ``n2``, two CPUs each) on this host, under ``root``.
 
-    NODES = ("n1", "n2")
+    ``nodes`` names other virtual nodes; ``topology`` is a ``topology.conf`` (``SwitchName=...``
+    lines) for the ``topology/tree`` plugin, which then gives every task ``SLURM_TOPOLOGY_ADDR``.
+    """
 
-    def __init__(self, root: Path) -> None:
+    NODES: tuple[str, ...] = ("n1", "n2")
+
+    def __init__(self, root: Path, nodes: tuple[str, ...] | None = None, topology: str | None = None) -> None:
         self.root = root
+        if nodes is not None:
+            self.NODES = nodes
+        self.topology = topology
         self.conf = root / "slurm.conf"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
@@ -93,6 +100,10 @@ class SlurmCluster:
             f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=2"
             for name, port in zip(self.NODES, node_ports, strict=True)
         )
+        plugin = ""
+        if self.topology is not None:  # read from beside slurm.conf
+            (self.root / "topology.conf").write_text(self.topology)
+            plugin = "TopologyPlugin=topology/tree\n"
         self.conf.write_text(
             f"""ClusterName=launchertest
 SlurmctldHost={host}(127.0.0.1)
@@ -121,13 +132,13 @@ SlurmctldPidFile={self.root}/slurmctld.pid
 SlurmdPidFile={self.root}/slurmd-%n.pid
 SlurmctldLogFile={self.root}/log/slurmctld.log
 SlurmdLogFile={self.root}/log/slurmd-%n.log
-{nodes}
+{plugin}{nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
         )
 
     def start(self, timeout: float = 60) -> None:
-        """Start the daemons and wait until both nodes are idle."""
+        """Start the daemons and wait until every node is idle."""
         self._write_conf()
         log = (self.root / "log" / "daemons.out").open("ab")  # noqa: SIM115 - the daemons keep it
         self.procs.append(subprocess.Popen([_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)],

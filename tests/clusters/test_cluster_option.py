@@ -72,6 +72,14 @@ def test_an_elastic_range_gets_c10d() -> None:
     assert (args.rdzv_backend, args.rdzv_endpoint, args.nnodes) == ("c10d", "127.0.0.1:15003", "1:2")
 
 
+def test_topology_gets_c10d_whose_closer_places_the_nodes() -> None:
+    """Slurm's own choice is static (ranks from SLURM_NODEID); --topology needs the round ordered."""
+    args = _apply(["--topology", "slurm"], SLURM_NODE_1)
+    assert (args.rdzv_backend, args.rdzv_endpoint, args.nnodes) == ("c10d", "127.0.0.1:15003", "2")
+    args = _apply(["--topology", "slurm", "--master-port", "12345"], SLURM_NODE_1)  # static flags: static
+    assert (args.rdzv_backend, args.node_rank) == ("static", "1")
+
+
 def test_a_multi_node_job_shows_whole_lines_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """The scheduler merges every node's output (mpirun through a pty per node): one node's live
     line would be torn by the others', so ``auto`` gives pipes; the flag and PET_WORKER_TTY decide."""

@@ -151,6 +151,11 @@ def apply_cluster(args: argparse.Namespace, manager: LauncherPluginManager,
     elif ":" in str(args.nnodes) and len(set(str(args.nnodes).split(":"))) > 1:
         backend = "c10d"  # an elastic MIN:MAX needs a rendezvous that admits nodes as they come
         args.rdzv_backend = backend
+    elif info.backend == "static" and str(getattr(args, "topology", None) or "").strip():
+        # --topology (or PET_TOPOLOGY) orders the round by where each node sits: the static
+        # rendezvous fixes each node's rank from the scheduler's index, c10d's closer places them.
+        backend = "c10d"
+        args.rdzv_backend = backend
     else:
         backend = info.backend
         args.rdzv_backend = backend
