@@ -44,6 +44,27 @@ def test_a_stopped_node_the_job_cannot_do_without_closes_the_job_naming_itself(c
         host.next_rendezvous()
 
 
+def test_a_stopped_node_already_reported_by_its_closed_connection_still_closes_the_job(cluster: Cluster) -> None:
+    """The signal that stops a node can cut one of its store calls short; the client then drops
+    that connection, and the store reports the node gone (``agent process died``) before its
+    agent departs. That report must not stand for the departure: at MIN the job still ends for
+    every node, naming the signal (CI: the other node ran on, taking the stopped node, which had
+    finished, for one whose work was done)."""
+    from launcher.rendezvous.departures import report_departure
+
+    run = cluster.run_id()
+    host = cluster.node(run, 2, 2, is_host=True)
+    other = cluster.node(run, 2, 2)
+    infos = rendezvous_all([host, other])
+    # What the store server writes when a member's connection closes without leaving.
+    report_departure(host._ops, host._keys, infos[0].round, other.node.id, "agent process died")
+    assert host.lost_nodes() == [other.node.id]
+    assert other.depart(REASON) is False
+    assert host.is_closed()
+    with pytest.raises(RendezvousClosedError, match=f"{other.node.id}: {REASON}"):
+        host.next_rendezvous()
+
+
 def test_the_stores_host_never_departs_it_closes_the_job(cluster: Cluster) -> None:
     run = cluster.run_id()
     nodes = cluster.nodes(2, run, 1, 3, last_call_timeout=0.3)

@@ -375,13 +375,20 @@ class DynamicRendezvousHandler:
             return "it is not in this node's round"
         if node_id in self._lost.read(self._ops, self._keys, m.round):
             return None  # already out (another node's report): nothing to refuse
+        refused = self._cannot_do_without(m, node_id)
+        if refused is not None:
+            return refused
+        if publish:
+            report_departure(self._ops, self._keys, m.round, node_id, reason)
+            self._lost.record(node_id, reason)
+        return None
+
+    def _cannot_do_without(self, m: Membership, node_id: str) -> str | None:
+        """Why round ``m`` cannot go on without ``node_id`` (``None``: it can)."""
         if m.host_rank is not None and m.ids[m.host_rank] == node_id:
             return "it serves the rendezvous store, which the other nodes cannot do without"
         if m.size <= self._min and self._ops.add(self._keys.seq(m.round), 0) <= m.count:
             return f"the job would fall below its {self._min} nodes minimum and no spare waits"
-        if publish:
-            report_departure(self._ops, self._keys, m.round, node_id, reason)
-            self._lost.record(node_id, reason)
         return None
 
     def death_notice(self) -> list[str] | None:
@@ -466,7 +473,12 @@ class DynamicRendezvousHandler:
         job the same way, unless it only waited as a spare. Raises what the store raises."""
         self._stopping = True
         m = self._current
-        if m is not None and m.size > 1 and self.put_out(self._node.id, reason) is None:
+        # Asked first, not left to put_out: this node may be "out" already by a report of its
+        # own connection closing (a signal that cut a store call short drops the connection,
+        # launcher.store.client), and that report alone would let the others run on without
+        # it below MIN, or, once it had finished, treat it as done rather than stopped.
+        if (m is not None and m.size > 1 and self._cannot_do_without(m, self._node.id) is None
+                and self.put_out(self._node.id, reason) is None):
             log.warning("rendezvous %r: this node leaves the job (%s); the others re-form without it",
                         self._run_id, reason)
             return True
