@@ -90,3 +90,29 @@ def test_the_table_names_missing_nodes_and_failed_ranks():
     assert lines[5].split() == ["a", "0", "0", "9", "running", "1", "-", "3.5", "-", "1", "3.0", "MiB", "1",
                                  "87", "2.0", "GiB"]
     assert lines[6].split() == ["a", "1", "1", "10", "failed", "(3)", "1", "-", "-", "-", "-", "-", "-", "-", "-"]
+
+
+def test_the_table_shows_each_nodes_group_rank_and_path_with_topology():
+    def rank(node: str, group: int, number: int) -> dict[str, object]:
+        return {"node": node, "group_rank": group, "rank": number, "local_rank": 0, "pid": 20 + number,
+                "state": "running", "exit_code": None, "restarts": 0, "heartbeat_age_s": None, "lines_per_s": None,
+                "cpu_percent": None, "rss_bytes": None}
+
+    status = {
+        "job": {"run_id": "j", "nodes": 3, "world_size": 3, "round": 0, "restarts_used": 0, "restarts_left": 0,
+                "elapsed_s": 5.0, "hung_ranks": [], "failed_ranks": []},
+        "nodes": [{"node": "10.0.0.3_7_0", "group_rank": 0, "topology": "spine0.leaf-a"},
+                  {"node": "10.0.0.1_7_0", "group_rank": 1, "topology": "spine0.leaf-a"},
+                  {"node": "10.0.0.2_7_0", "group_rank": 2, "topology": None}],
+        "missing_nodes": [], "store_problem": None,
+        "ranks": [rank("10.0.0.3_7_0", 0, 0), rank("10.0.0.1_7_0", 1, 1), rank("10.0.0.2_7_0", 2, 2)],
+    }
+    lines = table(status).splitlines()
+    assert lines[1].split()[:5] == ["NODE", "GROUP", "PATH", "RANK", "LOCAL"], lines
+    assert [line.split()[:4] for line in lines[2:]] == [
+        ["10.0.0.3_7_0", "0", "spine0.leaf-a", "0"], ["10.0.0.1_7_0", "1", "spine0.leaf-a", "1"],
+        ["10.0.0.2_7_0", "2", "-", "2"]], lines  # a node auto placed nowhere: no path
+    # Without --topology no node has a path: the table is as before, no empty columns.
+    for node in status["nodes"]:
+        node["topology"] = None
+    assert table(status).splitlines()[1].split()[:3] == ["NODE", "RANK", "LOCAL"]

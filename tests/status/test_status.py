@@ -75,6 +75,27 @@ def test_a_running_job_shows_each_rank_by_log_dir_and_by_pid(start_job):
 
 
 @pytest.mark.timeout(120)
+def test_with_topology_each_node_shows_its_group_rank_and_path(start_job, tmp_path):
+    """--topology: the node's path (from a site file naming this host) beside its group rank, in the
+    table and in --json (the documented schema)."""
+    import socket
+
+    site = tmp_path / "site.txt"
+    site.write_text(f"{socket.gethostname()} spine0.leaf12\n")
+    job = start_job(["--topology", f"file:{site}"])
+    job.pids()
+    text = wait_for(lambda: (r := status(job.log_dir)).returncode == 0 and r.stdout, "a status")
+    lines = text.splitlines()
+    assert lines[1].split()[:5] == ["NODE", "GROUP", "PATH", "RANK", "LOCAL"], text
+    assert [line.split()[1:4] for line in lines[2:]] == [["0", "spine0.leaf12", "0"], ["0", "spine0.leaf12", "1"]], text
+    doc = json.loads(status(job.log_dir, "--json").stdout)
+    assert errors(doc, schema_from_doc(DOCS, "## `--json`")) == [], doc
+    assert [(n["group_rank"], n["topology"]) for n in doc["nodes"]] == [(0, "spine0.leaf12")], doc
+    code, stderr = job.finish()
+    assert code == 0, stderr
+
+
+@pytest.mark.timeout(120)
 def test_a_restart_changes_the_restart_count_and_the_pids(start_job):
     job = start_job(["--max-restarts", "2"], {"FAIL_FIRST": "1"})
     pids = job.pids(attempt=1)

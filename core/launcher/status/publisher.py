@@ -243,6 +243,8 @@ class StatusPublisher:
             # where hosts share a name, as containers and namespaces often do.
             "node": info.participants[info.group_rank] if info.group_rank < len(info.participants) else plan.node,
             "group_rank": info.group_rank,
+            # --topology: where this node sits (its path, spine0.leaf12), as its join record says.
+            "topology": str(plan.topology) if plan.topology is not None else None,
             "group_world_size": info.group_world_size,
             "round": info.round,
             "restarts_used": used,

@@ -77,17 +77,22 @@ def render(status: dict[str, Any]) -> str:
         why = f" ({status['store_problem']})" if status["store_problem"] else ""
         lines.append(f"no status yet from the node(s) with group rank {', '.join(map(str, status['missing_nodes']))}"
                      f"{why}")
-    rows = [COLUMNS]
+    # --topology: each node's group rank and path beside its id (the columns only where a node has one).
+    paths = {node.get("group_rank"): node.get("topology") for node in status["nodes"]}
+    placed = any(paths.values())
+    columns = (COLUMNS[0], "GROUP", "PATH", *COLUMNS[1:]) if placed else COLUMNS
+    rows: list[tuple[str, ...]] = [columns]
     for rank in status["ranks"]:
         state = rank["state"] if rank["exit_code"] in (None, 0) else f"{rank['state']} ({rank['exit_code']})"
+        where = (str(rank["group_rank"]), paths.get(rank["group_rank"]) or "-") if placed else ()
         rows.append((
-            str(rank["node"]), str(rank["rank"]), str(rank["local_rank"]), str(rank["pid"] or "-"), state,
+            str(rank["node"]), *where, str(rank["rank"]), str(rank["local_rank"]), str(rank["pid"] or "-"), state,
             str(rank["restarts"]), _heartbeat(rank),
             _number(rank.get("steps_per_s")), _number(rank["lines_per_s"]),
             _number(rank["cpu_percent"]), _size(rank["rss_bytes"]),
             _number(rank.get("gpu")), _number(rank.get("gpu_util_percent")), _size(rank.get("gpu_memory_bytes")),
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines) + "\n"

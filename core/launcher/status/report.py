@@ -226,8 +226,8 @@ def assemble(records: list[dict[str, Any]], missing: list[int], problem: str | N
     nodes, ranks = [], []
     for doc in sorted(records, key=lambda d: int(d["group_rank"])):
         age = max(0.0, now - float(doc["updated_at"]))
-        nodes.append({"node": doc["node"], "group_rank": doc["group_rank"], "agent_pid": doc["agent"]["pid"],
-                      "status_age_s": round(age, 3), "local": doc is local})
+        nodes.append({"node": doc["node"], "group_rank": doc["group_rank"], "topology": doc.get("topology"),
+                      "agent_pid": doc["agent"]["pid"], "status_age_s": round(age, 3), "local": doc is local})
         for rank in doc["ranks"]:
             row = {"node": doc["node"], "group_rank": doc["group_rank"], **_ROW_DEFAULTS, **rank}
             for field in ("heartbeat_age_s", "no_heartbeat_yet_s"):  # both as of now, not of the record
