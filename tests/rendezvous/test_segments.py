@@ -68,3 +68,52 @@ def test_without_min_in_whole_segments_the_round_waits_then_times_out_saying_so(
     errors = [str(p.exception()) for p in nodes]
     assert any("2 of 2 required nodes joined round 0" in e and "which make 0 whole segment(s) of 2 nodes" in e
                for e in errors), errors
+
+
+def test_a_straggler_is_put_out_only_when_a_spare_can_fill_its_segment(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--segment: a spare of another domain that completes no segment is no replacement (the job
+    would wait instead of training), so put_out refuses; one of the node's own domain, or spares
+    that make a whole segment elsewhere, let it go, and the round re-forms by whole segments."""
+    caplog.set_level(logging.INFO, logger="launcher.rendezvous")
+    run = cluster.run_id()
+    a1, a2 = placed(cluster, run, "leaf-a"), placed(cluster, run, "leaf-a")
+    training = [Pending(a1), Pending(a2)]
+    assert sorted(p.result().group_rank for p in training) == [0, 1]
+    b1 = placed(cluster, run, "leaf-b")  # arrives once the round is closed: a spare of another leaf
+    spares = [Pending(b1)]
+    assert wait_for(lambda: caplog.text.count(SPARE) == 1, PROMPT), caplog.text
+    assert wait_for(lambda: a1.put_out(a2.node.id, "straggler: x", publish=False) is not None, PROMPT)
+    refused = a1.put_out(a2.node.id, "straggler: x", publish=False)
+    assert refused == ("the job would fall below its 2 nodes minimum: --segment 2 needs a spare of its domain "
+                       "spine0.leaf-a, and the 1 spare(s) waiting with a known domain make no whole segment"), refused
+    assert a2.put_out(a2.node.id, "straggler: x") == refused and a1.lost_nodes() == []  # nothing published
+
+    # A second spare of leaf-b: the two make a whole segment, which can take the job's place.
+    b2 = placed(cluster, run, "leaf-b")
+    spares.append(Pending(b2))
+    assert wait_for(lambda: a1.put_out(a2.node.id, "straggler: x", publish=False) is None, PROMPT), caplog.text
+    assert a1.put_out(a2.node.id, "straggler: x") is None
+    again = Pending(a1)
+    infos = [p.result() for p in spares]
+    assert {i.round for i in infos} == {1}
+    assert sorted(infos[0].participants) == sorted([b1.node.id, b2.node.id])  # leaf-a's survivor: a spare
+    assert not again.done()
+
+
+def test_a_spare_of_the_stragglers_own_domain_lets_it_be_put_out(cluster: Cluster,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="launcher.rendezvous")
+    run = cluster.run_id()
+    a1, a2 = placed(cluster, run, "leaf-a"), placed(cluster, run, "leaf-a")
+    assert sorted(p.result().group_rank for p in [Pending(a1), Pending(a2)]) == [0, 1]
+    b1, a3 = placed(cluster, run, "leaf-b"), placed(cluster, run, "leaf-a")
+    spares = [Pending(b1), Pending(a3)]
+    assert wait_for(lambda: caplog.text.count(SPARE) == 2, PROMPT), caplog.text
+    assert wait_for(lambda: a1.put_out(a2.node.id, "straggler: x", publish=False) is None, PROMPT), caplog.text
+    assert a1.put_out(a2.node.id, "straggler: x") is None
+    again = Pending(a1)
+    info = again.result()
+    assert info.round == 1 and sorted(info.participants) == sorted([a1.node.id, a3.node.id])
+    assert spares[1].result().round == 1 and not spares[0].done()  # leaf-b's node stays a spare

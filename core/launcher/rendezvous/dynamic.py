@@ -367,7 +367,10 @@ class DynamicRendezvousHandler:
         one re-forming path (:func:`~launcher.rendezvous.departures.report_departure`): every
         participant re-forms without it, and a waiting spare takes its place. Only when the job
         can do without it: a spare waits, or the round has more than MIN nodes; never the node
-        that serves the store. ``None`` once published (``publish`` false: would be); else why not."""
+        that serves the store. With ``--segment``, a spare counts only where it keeps MIN nodes
+        in whole segments of one domain: a spare of the node's own domain, or spares that make
+        whole segments elsewhere (:meth:`_segments_without`). ``None`` once published
+        (``publish`` false: would be); else why not."""
         m = self._current
         # This node's own id needs no read of the round's participants list (a node that
         # leaves); another node's does (a straggler put out: one node, once).
@@ -387,9 +390,53 @@ class DynamicRendezvousHandler:
         """Why round ``m`` cannot go on without ``node_id`` (``None``: it can)."""
         if m.host_rank is not None and m.ids[m.host_rank] == node_id:
             return "it serves the rendezvous store, which the other nodes cannot do without"
+        if self.segment is not None:
+            return self._segments_without(m, node_id, self.segment)
         if m.size <= self._min and self._ops.add(self._keys.seq(m.round), 0) <= m.count:
             return f"the job would fall below its {self._min} nodes minimum and no spare waits"
         return None
+
+    def _segments_without(self, m: Membership, node_id: str, size: int) -> str | None:
+        """``--segment``: why a re-form of round ``m`` without ``node_id`` could not hold MIN nodes
+        in whole segments of one domain (``None``: it could).
+
+        The node's own segment loses a node; a spare of its domain fills it, else the segment
+        drops out (its survivors wait as spares) unless the other spares complete whole segments
+        (the closer's choice, :func:`~launcher.topology.segments.select_segments`). A spare of
+        another domain that completes none is no replacement: putting the node out would leave
+        the job waiting for nodes instead of training. O(1) reads while a whole segment fewer
+        still holds MIN nodes or no spare waits; else one read per waiting spare (its record, for
+        its domain; one refused by the store before it could write one has no known domain and
+        is not counted)."""
+        if m.size - size >= self._min:
+            return None  # a whole segment fewer still holds MIN nodes
+        joined = self._ops.add(self._keys.seq(m.round), 0)
+        if joined <= m.count:
+            return f"the job would fall below its {self._min} nodes minimum and no spare waits"
+        from collections import Counter
+
+        from launcher.rendezvous.membership import decode
+        from launcher.topology.order import record_path
+
+        gone = set(self._lost.read(self._ops, self._keys, m.round)) | {node_id}
+        ids, paths = list(m.ids), m.paths
+        domains = Counter(path for node, path in zip(ids, paths, strict=False) if path and node not in gone)
+        taken = set(m.indexes)
+        spares = 0
+        for index in range(1, joined + 1):
+            key = self._keys.node(m.round, index)
+            if index in taken or not self._ops.check([key]):
+                continue
+            path = record_path(decode(self._ops.get(key)))
+            if path is not None:
+                domains[".".join(path)] += 1
+                spares += 1
+        if sum(count // size for count in domains.values()) * size >= self._min:
+            return None
+        own = paths[ids.index(node_id)] if node_id in ids and ids.index(node_id) < len(paths) else None
+        return (f"the job would fall below its {self._min} nodes minimum: --segment {size} needs a spare of its "
+                f"domain {own or '(unknown)'}, and the {spares} spare(s) waiting with a known domain make no "
+                "whole segment")
 
     def death_notice(self) -> list[str] | None:
         """A command that, run once this node's agent died, reports this node gone from its round

@@ -204,6 +204,19 @@ class Membership:
         return Roster(self.size, lambda: [str(i) for i in self._column("ids", "")], known)
 
     @functools.cached_property
+    def paths(self) -> list[str | None]:
+        """Each participant's ``--topology`` path (``spine0.leaf12``), in group-rank order; ``None``
+        for a node without one, and for every node of a round without ``--topology`` (read when
+        first used, from the ``roster``)."""
+        return [p if isinstance(p, str) else None for p in self._column("paths", None)]
+
+    @functools.cached_property
+    def indexes(self) -> list[int | None]:
+        """Each participant's join index (its ``node/<i>`` record), in group-rank order (read when
+        first used, from the ``roster``)."""
+        return [i if isinstance(i, int) and not isinstance(i, bool) else None for i in self._column("idx", None)]
+
+    @functools.cached_property
     def local_world_sizes(self) -> Roster[int | None]:
         """Each participant's local world size, in group-rank order (read when first used)."""
         return Roster(self.size, lambda: self._column("lws", None))

@@ -245,6 +245,10 @@ class Rounds:
         index = self._ops.add(self._keys.seq(r), 1)
         # With --segment a node beyond MAX may still complete a segment: it joins until sealed.
         if index > self._max and (self.segment is None or self._ops.check([self._keys.sealed(r)])):
+            if self.segment is not None:
+                # A spare's record says its domain: whether it can fill a segment's place is
+                # decided by it (DynamicRendezvousHandler.put_out), as for spares that joined in time.
+                self._ops.set(self._keys.node(r, index), self._record)
             if self.on_sealed is not None and self._ops.check([self._keys.sealed(r)]):
                 state = decode(self._ops.get(self._keys.sealed(r)))
                 if state.get("state") == "sealed":
