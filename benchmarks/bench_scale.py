@@ -37,6 +37,8 @@ Usage::
     python benchmarks/bench_scale.py --sizes 1024,2048,4096 --hosts ours --steady 0
     python benchmarks/bench_scale.py --sizes 64,256,1024,2048,4096 --hosts both --base 02ae38d --repeat 3 --steady 0
     python benchmarks/bench_scale.py --sizes 1024 --hosts ours --steady 0 --domains 16 --segment 4 --repeat 5
+    python benchmarks/bench_scale.py --sizes 1024,4096 --hosts ours --steady 0 --domains 16 --segment 4 --repeat 7 \
+        --no-exchanges --out benchmarks/results/scale_topology.json
 
 ``--domains D`` adds rounds whose nodes carry a ``--topology`` path (D domains), and ``--segment N``
 rounds formed of whole segments (docs/topology.md), taking turns with the plain ones.
@@ -490,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--topology: also rounds of nodes spread over this many domains, taking turns with "
                         "plain ones (0: plain only)")
     parser.add_argument("--segment", type=int, default=0, help="with --domains: also rounds with --segment N")
+    parser.add_argument("--no-exchanges", action="store_true",
+                        help="leave out bench_exchanges.py's per-exchange figures (rounds only)")
     parser.add_argument("--crowd", nargs=4, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--wait-slice", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -538,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
             print(f"{kind:>6} N={n:<6} steady {result.get('status')} {result.get('host_cpu_cores')} cores "
                   f"(load {result['load_average']})", flush=True)
-        figures = exchange_figures(n)
+        figures = None if args.no_exchanges else exchange_figures(n)
         if figures is not None:
             results.append({"nodes": n, "kind": "exchanges", "exchanges": figures})
             for name, figure in figures.items():
