@@ -129,7 +129,7 @@ def test_the_watch_learns_from_the_beats_it_sees_and_judges_each_phase(tmp_path,
         hung = watch.hung()
         assert [s.local_rank for s in hung] == [0, 1] or [s.local_rank for s in hung] == [0]
         assert "(learned timeout 5 s)" in hung[0].reason
-        assert learned.as_dict() == {"start": 30.0, "steady": 5.0}
+        assert learned.as_dict() == {"start": 30.0, "steady": 5.0, "checkpoint": None}
     finally:
         table.close()
 
@@ -181,13 +181,17 @@ class _Store:
 def test_nodes_share_the_largest_learned_value_in_o1_requests():
     store = _Store()
     key = cluster.learned_key("job")
-    assert cluster.share_learned(store, key, None) is None and store.requests == 1
-    assert cluster.share_learned(store, key, 12.0) == 12.0
-    assert cluster.share_learned(store, key, 8.0) == 12.0  # a smaller value takes the larger
-    assert cluster.share_learned(store, key, 30.0) == 30.0
+    assert cluster.share_learned(store, key, {"steady": None}) == {} and store.requests == 1
+    assert cluster.share_learned(store, key, {"steady": 12.0}) == {"steady": 12.0}
+    assert cluster.share_learned(store, key, {"steady": 8.0}) == {"steady": 12.0}  # a smaller value takes the larger
+    # Each phase is the largest of its own.
+    assert cluster.share_learned(store, key, {"steady": 30.0, "checkpoint": 60.0}) == {"steady": 30.0,
+                                                                                      "checkpoint": 60.0}
+    assert cluster.share_learned(store, key, {"steady": 40.0, "checkpoint": None}) == {"steady": 40.0,
+                                                                                      "checkpoint": 60.0}
     store.requests = 0
     for _ in range(100):  # nothing new: one request each time, whatever the number of nodes
-        assert cluster.share_learned(store, key, 30.0) == 30.0
+        assert cluster.share_learned(store, key, {"steady": 40.0, "checkpoint": 50.0})["steady"] == 40.0
     assert store.requests == 100
 
 
@@ -203,11 +207,13 @@ def test_each_node_takes_the_largest_value_through_the_store(caplog):
         for monitor in monitors:
             monitor._info = SimpleNamespace(store=store, group_world_size=3)
         monitors[1].learned.offer(20.0)
+        monitors[2].learned.offer(90.0, phase="checkpoint", longest=18.0)
         with caplog.at_level("INFO", logger="launcher.hangs"):
             for monitor in [*monitors, *monitors]:
                 monitor._share_learned()
-        assert [m.hang_timeouts() for m in monitors] == [{"start": 600.0, "steady": 20.0}] * 3
-        assert caplog.text.count("learned: 20 s (the largest of the nodes')") == 2
+        assert [m.hang_timeouts() for m in monitors] == [{"start": 600.0, "steady": 20.0, "checkpoint": 90.0}] * 3
+        assert caplog.text.count("(steady) learned: 20 s (the largest of the nodes')") == 2
+        assert caplog.text.count("(checkpoint) learned: 90 s (the largest of the nodes')") == 2
     finally:
         for monitor in monitors:
             monitor.close()
@@ -338,12 +344,14 @@ def test_learned_values_survive_a_restart_and_name_the_blocked_rank(write_script
 @pytest.mark.timeout(240)
 def test_a_slow_start_and_slow_checkpoints_raise_no_false_alarm(write_script, tmp_path):
     # The first step's data take 9 s, more than the floor (judged against the start timeout:
-    # nothing is learned yet); a 2.5 s torch.save every 20 steps is in every window of 50
-    # intervals the rule learns from, so the learned timeout covers it. The job ends by itself.
+    # nothing is learned yet); a 2.5 s torch.save every 20 steps is a quiet section of its own
+    # (the checkpoint timeout is learned from it), not an interval of the steps (so few are left
+    # to learn a steady timeout from in 100 steps). The job ends by itself.
     script = write_script("ddp.py", DDP)
     result = run_launcher(["--standalone", "--nproc-per-node", "2", *AUTO, script, str(tmp_path), "20", "2.5", "9",
                            "100"], timeout=200)
     assert result.returncode == 0, result.stderr
     assert "hang detected" not in result.stderr, result.stderr
-    learned = re.findall(r"hang timeout \(steady\) learned: ([\d.]+) s \(5 x the longest interval", result.stderr)
+    learned = re.findall(r"hang timeout \(checkpoint\) learned: ([\d.]+) s \(5 x the longest checkpoint",
+                         result.stderr)
     assert learned and float(learned[-1]) >= 12.5, result.stderr  # 5 x the checkpoint's 2.5 s at least

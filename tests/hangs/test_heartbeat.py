@@ -123,13 +123,26 @@ def test_watch_rules(tmp_path):
         _BEAT.pack_into(page, 3 * SLOT_SIZE, 900.0)  # rank 3: long ago, but in a quiet section
         _QUIET.pack_into(page, 3 * SLOT_SIZE + _QUIET_OFFSET, 1100.0, 950.0, b"checkpoint")
         watch = HangWatch(table, 5.0, clock=clock)
-        states = watch.progress()
-        assert [s.hung for s in states] == [False, True, False, False]
-        assert states[0].age is None and states[1].reason.startswith("no heartbeat for 10.0 s")
+        states = watch.progress(learn=True)  # the monitor's check (it records the quiet sections seen)
+        # Ranks 1 and 2 went silent after rank 3 entered its quiet section: they may be waiting
+        # for it (in a collective), and their silence counts only outside it.
+        assert [s.hung for s in states] == [False, False, False, False]
+        assert states[0].age is None and states[1].age == 10.0
         assert states[3].quiet == "checkpoint"
         clock.now = 1101.0
-        assert [s.local_rank for s in watch.hung()] == [1, 2, 3]
+        assert [s.local_rank for s in watch.progress(learn=True) if s.hung] == [3]  # past its own timeout
         assert "quiet section 'checkpoint'" in watch.progress()[3].reason
+        clock.now = 1105.5  # 5.5 s after rank 3's section should have ended
+        hung = watch.hung()
+        assert [s.local_rank for s in hung] == [1, 2, 3]
+        assert hung[0].reason == ("no heartbeat for 115.5 s, 110.0 s of it waiting while another rank was in a "
+                                  "quiet section (timeout 5 s)"), hung[0].reason
+        # Without a quiet section, silence is silence.
+        _QUIET.pack_into(page, 3 * SLOT_SIZE + _QUIET_OFFSET, 0.0, 0.0, b"")
+        clock.now = 1000.0
+        states = HangWatch(table, 5.0, clock=clock).progress()
+        assert [s.hung for s in states] == [False, True, False, True]
+        assert states[1].reason == "no heartbeat for 10.0 s (timeout 5 s)"
         # Output mode: a line counts as progress, and a rank that only prints is watched.
         clock.now = 1000.0
         watch = HangWatch(table, 5.0, output=True, clock=clock)
@@ -137,7 +150,8 @@ def test_watch_rules(tmp_path):
         clock.now = 1004.0
         watch.output_seen(0)()
         clock.now = 1006.0
-        assert [s.local_rank for s in watch.hung()] == [1, 2]  # rank 2 beat last at 999
+        # Rank 2 beat last at 999; rank 3, at 900, is no longer in its quiet section.
+        assert [s.local_rank for s in watch.hung()] == [1, 2, 3]
         page.close()
     finally:
         table.close()

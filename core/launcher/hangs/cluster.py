@@ -20,9 +20,16 @@ Key schema (all under ``launcher/<run_id>/hang/<round>``, so a new round starts 
     sets: a node waits for ``all_read`` (bounded) before stopping, so the node that serves the
     store does not take it away while another node is still reading.
 
+``quiet``
+    JSON ``[start, end]``, wall-clock seconds: the last span in which a rank of the node that
+    wrote it was in a quiet section (a checkpoint, ``launcher.quiet()``). A node writes it once a
+    second while one of its ranks is in a section, and once at its end; a node reads it only
+    when one of its ranks would be judged hung (or a long interval learned): a rank waiting in a
+    collective for a peer's checkpoint on another node is not hung (:func:`publish_quiet`).
+
 And, with ``--hang-timeout auto``, one key per job (``launcher/<run_id>/hang/learned``, not per
-round: a later round reads what an earlier one learned): ``{"steady": seconds}``, the largest
-steady timeout any node learned (:func:`share_learned`).
+round: a later round reads what an earlier one learned): ``{"steady": seconds, "checkpoint":
+seconds}``, the largest timeouts any node learned (:func:`share_learned`).
 
 Each node that sees the alarm dumps its own ranks, publishes its summary, and waits (bounded)
 for the merged report before it stops its workers: the merging node writes it once every node
@@ -95,30 +102,59 @@ def learned_key(run_id: str) -> str:
 _PROBE = b"\x00"
 
 
-def _steady(value: bytes) -> float | None:
+def _phases(value: bytes) -> dict[str, float]:
+    """The learned timeouts a stored value holds, per phase (the phases with a number)."""
     try:
-        number = json.loads(value)["steady"]
-        return float(number) if number is not None else None
-    except (ValueError, TypeError, KeyError):
-        return None
+        body = json.loads(value)
+        return {str(phase): float(seconds) for phase, seconds in body.items() if seconds is not None}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
-def share_learned(store: KeyValueStore, key: str, value: float | None, *, tries: int = 8) -> float | None:
-    """Raise the learned steady timeout at ``key`` to ``value`` unless a node's is larger, and
-    return the largest (``None``: none learned anywhere). One request when this node has nothing
-    larger to give (every node calls it every few seconds), a compare-and-set more when it has
-    (rarely: a learned value only grows, by clear steps): O(1) requests per node, whatever the
-    number of nodes."""
+def share_learned(store: KeyValueStore, key: str, values: dict[str, float | None], *,
+                  tries: int = 8) -> dict[str, float]:
+    """Raise each learned timeout at ``key`` (``{"steady": s, "checkpoint": c}``) to this node's
+    in ``values`` unless a node's is larger, and return the largest per phase (a phase no node
+    learned is absent). One request when this node has nothing larger to give (every node calls
+    it every few seconds), a compare-and-set more when it has (rarely: a learned value only
+    grows, by clear steps): O(1) requests per node, whatever the number of nodes."""
     current = store.compare_set(key, _PROBE, _PROBE)
     for _ in range(tries):
-        stood = None if current == _PROBE else _steady(current)
-        if value is None or (stood is not None and stood >= value):
+        stood = {} if current == _PROBE else _phases(current)
+        merged = dict(stood)
+        for phase, seconds in values.items():
+            if seconds is not None and seconds > merged.get(phase, float("-inf")):
+                merged[phase] = float(seconds)
+        if merged == stood:
             return stood
-        desired = json.dumps({"steady": value}, separators=(",", ":")).encode()
+        desired = json.dumps(merged, separators=(",", ":"), sort_keys=True).encode()
         current = store.compare_set(key, b"" if current == _PROBE else current, desired)
         if current == desired:
-            return value
-    return None if current == _PROBE else _steady(current)
+            return merged
+    return {} if current == _PROBE else _phases(current)
+
+
+def quiet_key(base: str) -> str:
+    """The key that says when a rank of the job was last in a quiet section (one round's)."""
+    return f"{base}/quiet"
+
+
+def publish_quiet(store: KeyValueStore, key: str, start: float, end: float) -> None:
+    """A rank of this node was in a quiet section from ``start`` to ``end`` (wall-clock seconds):
+    one request (the last node to write stands; a node in a section writes again a second later)."""
+    store.set(key, json.dumps([round(start, 3), round(end, 3)]).encode())
+
+
+def read_quiet(store: KeyValueStore, key: str) -> tuple[float, float] | None:
+    """The last quiet span a node published (wall-clock seconds), or ``None``: one request."""
+    value = store.compare_set(key, _PROBE, _PROBE)
+    if value == _PROBE:
+        return None
+    try:
+        start, end = json.loads(value)
+        return float(start), float(end)
+    except (ValueError, TypeError):
+        return None
 
 
 def publish(store: KeyValueStore, base: str, summary: NodeSummary) -> None:

@@ -25,7 +25,10 @@ Slot layout (little-endian, :data:`SLOT_SIZE` bytes, shared with :mod:`launcher.
     24  40 bytes name of the current quiet section, UTF-8, NUL padded
     64  int64    optimizer steps this worker took (written by the start-up hook's optimizer
                  step hook, :mod:`launcher.stragglers.timing`, which also stores its beats at 0)
-    72  56 bytes reserved
+    72  float64  the longest checkpoint this worker took, seconds (the start-up hook's automatic
+                 ``checkpoint`` sections, whose deadline at 8 is infinity: the agent's timeout)
+    80  int64    checkpoints it finished
+    88  40 bytes reserved
 
 Progress is not only this module's calls: the start-up hook stores a beat at offset 0 whenever a
 collective of the rank completes or it takes an optimizer step, so a job that never calls
@@ -273,6 +276,18 @@ def stable_copy(page: Any, offset: int, size: int) -> bytes:
 def unpack_steps(data: bytes, offset: int) -> int:
     """The optimizer steps of the slot at ``offset`` of ``data`` (0: none seen)."""
     return int(_STEPS.unpack_from(data, offset + STEPS_OFFSET)[0])
+
+
+#: Where a slot holds its checkpoints: the longest (seconds) and how many (the same in
+#: launcher.stragglers.timing).
+CHECKPOINTS_OFFSET = 72
+_CHECKPOINTS = struct.Struct("<dq")
+
+
+def unpack_checkpoints(data: bytes, offset: int) -> tuple[float, int]:
+    """The longest checkpoint (seconds) and the checkpoints finished of the slot at ``offset``."""
+    longest, count = _CHECKPOINTS.unpack_from(data, offset + CHECKPOINTS_OFFSET)
+    return float(longest), int(count)
 
 
 def unpack_slot(data: bytes, offset: int) -> tuple[float, float, float, str]:

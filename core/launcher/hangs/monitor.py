@@ -101,6 +101,11 @@ class HangMonitor:
         #: ``--hang-timeout auto``: the learned timeouts of this job (``None``: a fixed timeout).
         self.learned = learned
         self._next_share = 0.0
+        #: Multi-node: when this node may next read or write the job's quiet span, and the local
+        #: span seen at the last check (``None``: none open).
+        self._next_quiet_read = 0.0
+        self._next_quiet_write = 0.0
+        self._quiet_seen: tuple[float, float] | None = None
         self.output = output
         self.node = node
         self.run_id = run_id
@@ -143,7 +148,8 @@ class HangMonitor:
         self._attempt += 1
         count = max(envs) + 1 if envs else 0
         table = HeartbeatTable(os.path.join(self.dir, f"heartbeats.{self._attempt}"), count)
-        self._watch = HangWatch(table, self.timeout, output=self.output, learned=self.learned)
+        self._watch = HangWatch(table, self.timeout, output=self.output, learned=self.learned,
+                                remote_quiet=self._remote_quiet)
         for local_rank, env in envs.items():
             env[HEARTBEAT_FILE_ENV] = table.path
             env[HEARTBEAT_SLOT_ENV] = str(local_rank)
@@ -187,6 +193,8 @@ class HangMonitor:
         self._next_local = now + self.check_interval
         self._next_alarm = now + ALARM_INTERVAL
         self._next_share = now + SHARE_INTERVAL
+        self._next_quiet_read = self._next_quiet_write = 0.0
+        self._quiet_seen = None
         self._silent_warned = set()
         if self._watch is not None:  # a rank's wait for its first heartbeat counts from here
             for slot in group.slots:
@@ -258,6 +266,8 @@ class HangMonitor:
             # A worker that has exited (successfully: a failure ends the attempt at once) beats
             # no more, and is not hung.
             states = self._watch.progress(now, learn=True)
+            if self._multinode:
+                self._tell_quiet(now)
             if self.learned is None:  # auto judges the start phase itself
                 self._warn_silent(states)
             hung = [state for state in states if state.hung and self._running(state.local_rank)]
@@ -293,20 +303,59 @@ class HangMonitor:
         return None
 
     def _share_learned(self) -> None:
-        """Give the other nodes this node's learned timeout and take theirs (the maximum), in
+        """Give the other nodes this node's learned timeouts and take theirs (the maximum), in
         O(1) store requests (:func:`launcher.hangs.cluster.share_learned`)."""
         assert self.learned is not None and self._info is not None and self._info.store is not None
+        learned = self.learned
         try:
-            merged = cluster.share_learned(self._info.store, cluster.learned_key(self.run_id), self.learned.steady)
+            merged = cluster.share_learned(self._info.store, cluster.learned_key(self.run_id),
+                                           {phase: getattr(learned, phase) for phase in learned.PHASES})
         except STORE_FAILURES as exc:
             log.debug("cannot exchange the learned hang timeouts: %s", exc)
             return
-        if merged is not None:
-            self.learned.offer(merged, source="the largest of the nodes'")
+        for phase in learned.PHASES:
+            learned.offer(merged.get(phase), source="the largest of the nodes'", phase=phase)
+
+    def _tell_quiet(self, now: float) -> None:
+        """Multi-node: while a local rank is in a quiet section, write its span for the other
+        nodes (once a second), and once more when it ends (one request each)."""
+        assert self._watch is not None and self._info is not None and self._info.store is not None
+        span, seen = self._watch.local_quiet, self._quiet_seen
+        self._quiet_seen = span
+        if span is None:
+            if seen is None:
+                return
+            span = seen  # it ended: its last span, once
+        elif now < self._next_quiet_write:
+            return
+        start, end = span
+        self._next_quiet_write = now + ALARM_INTERVAL
+        offset = time.time() - time.monotonic()  # monotonic to wall clock: the other nodes' clocks are not ours
+        try:
+            cluster.publish_quiet(self._info.store, cluster.quiet_key(self._prefix()), start + offset, end + offset)
+        except STORE_FAILURES as exc:
+            log.debug("cannot tell the other nodes about a quiet section: %s", exc)
+
+    def _remote_quiet(self, now: float) -> tuple[float, float] | None:
+        """The last quiet span of a rank of the job another node wrote, in this node's monotonic
+        time (``None``: none, or not asked again yet: at most one read a second)."""
+        if not self._multinode or now < self._next_quiet_read:
+            return None
+        assert self._info is not None and self._info.store is not None
+        self._next_quiet_read = now + ALARM_INTERVAL
+        try:
+            span = cluster.read_quiet(self._info.store, cluster.quiet_key(self._prefix()))
+        except STORE_FAILURES as exc:
+            log.debug("cannot read the other nodes' quiet sections: %s", exc)
+            return None
+        if span is None:
+            return None
+        offset = time.time() - time.monotonic()
+        return span[0] - offset, min(now, span[1] - offset)
 
     def hang_timeouts(self) -> dict[str, Any] | None:
         """The timeouts in force, seconds per phase, for ``launcher status`` and ``/metrics``:
-        ``{"start", "steady"}`` with ``auto`` (``steady`` ``None`` until learned), ``{"steady"}``
+        ``{"start", "steady", "checkpoint"}`` with ``auto`` (``None`` until learned), ``{"steady"}``
         with a fixed timeout."""
         if self.learned is not None:
             return self.learned.as_dict()

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, unpack_slot, unpack_steps
-from launcher.hangs.learning import IntervalLearner, LearningRule
+from launcher.hangs.heartbeat import SLOT_SIZE, read_slot, unpack_checkpoints, unpack_slot, unpack_steps
+from launcher.hangs.learning import IntervalLearner, LearningRule, learn
 from launcher.slot_table import SlotTable
 
 log = logging.getLogger("launcher.hangs")
@@ -51,6 +51,9 @@ learned_log = logging.getLogger("launcher.hangs.learned")
 AUTO_WARMUP = 10
 #: Intervals per learned value.
 AUTO_WINDOW = 50
+#: The quiet section a rank enters once its job's code is over (its ``atexit`` beat): a peer that
+#: waits meanwhile is not waiting for it (the rank will enter no collective again).
+EXITING_SECTION = "exiting"
 
 
 def _seconds(value: float) -> str:
@@ -63,6 +66,9 @@ class LearnedTimeouts:
     :class:`~launcher.hangs.monitor.HangMonitor` across attempts (restarts and recoveries in
     place), raised by every attempt's :class:`HangWatch` and by other nodes' values."""
 
+    #: The phases learned (attributes of the same names; ``start`` is given, not learned).
+    PHASES = ("steady", "checkpoint")
+
     def __init__(self, start: float, *, factor: float, floor: float) -> None:
         #: Seconds from a worker's start to its first progress.
         self.start = start
@@ -70,28 +76,53 @@ class LearnedTimeouts:
         self.rule = LearningRule(factor=factor, floor=floor, warmup=AUTO_WARMUP, window=AUTO_WINDOW)
         #: The learned steady timeout (``None``: none yet, the start timeout applies).
         self.steady: float | None = None
+        #: The learned checkpoint timeout: ``factor`` x the longest checkpoint any rank took, never
+        #: below the floor (``None``: no checkpoint seen yet, :meth:`checkpoint_timeout` says what applies).
+        self.checkpoint: float | None = None
 
     def offer(self, value: float | None, *, longest: float | None = None, intervals: int = 0,
-              source: str = "") -> bool:
-        """Raise the steady timeout to ``value`` when it is larger (the maximum over ranks and
-        nodes); one INFO line per change. ``longest`` and ``intervals`` say how it was learned
-        here, ``source`` where it came from otherwise."""
-        if value is None or (self.steady is not None and value <= self.steady):
+              source: str = "", phase: str = "steady") -> bool:
+        """Raise the ``phase`` timeout (``steady`` or ``checkpoint``) to ``value`` when it is larger
+        (the maximum over ranks and nodes); one INFO line per change. ``longest`` and
+        ``intervals`` say how it was learned here, ``source`` where it came from otherwise."""
+        current = getattr(self, phase)
+        if value is None or (current is not None and value <= current):
             return False
-        self.steady = value
+        setattr(self, phase, value)
+        what = "interval" if phase == "steady" else "checkpoint"
         if source:
             how = source
         elif longest is not None and self.rule.factor * longest >= self.rule.floor:
-            how = (f"{self.rule.factor:g} x the longest interval, {_seconds(longest)}, "
-                   f"over {intervals} intervals")
-        else:
+            how = f"{self.rule.factor:g} x the longest {what}, {_seconds(longest)}"
+            how += f", over {intervals} intervals" if phase == "steady" else ""
+        elif phase == "steady":
             how = f"the floor, --hang-floor; the longest interval was {_seconds(longest or 0.0)} over {intervals}"
-        learned_log.info("hang timeout (steady) learned: %s (%s)", _seconds(value), how)
+        else:
+            how = f"the floor, --hang-floor; the longest checkpoint took {_seconds(longest or 0.0)}"
+        learned_log.info("hang timeout (%s) learned: %s (%s)", phase, _seconds(value), how)
         return True
+
+    def checkpoint_timeout(self) -> float:
+        """Seconds a checkpoint may take: the learned value, or the start timeout before any
+        checkpoint was seen (a first checkpoint has no bound known yet, like the start);
+        never less than the steady timeout (a checkpoint never judges a rank more strictly)."""
+        value = self.checkpoint if self.checkpoint is not None else self.start
+        return max(value, self.steady or 0.0)
 
     def as_dict(self) -> dict[str, Any]:
         """For ``launcher status`` and ``/metrics``: seconds per phase (``None``: none learned yet)."""
-        return {"start": self.start, "steady": self.steady}
+        return {"start": self.start, "steady": self.steady, "checkpoint": self.checkpoint}
+
+
+def _merged(spans: list[list[float]]) -> list[list[float]]:
+    """``spans`` (``[start, end]`` each) in order, the overlapping ones joined (new lists)."""
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
 
 
 class HeartbeatTable(SlotTable):
@@ -107,9 +138,13 @@ class HeartbeatTable(SlotTable):
     def read_all(self) -> list[tuple[float, float, float, str, int]]:
         """Every slot, from one consistent copy of the table: :meth:`read`'s tuple and the
         optimizer steps taken."""
+        return [row[:5] for row in self.read_rows()]
+
+    def read_rows(self) -> list[tuple[float, float, float, str, int, float]]:
+        """:meth:`read_all`'s tuples and the longest checkpoint each worker took (seconds, 0: none)."""
         data = self.copy()
-        return [(*unpack_slot(data, index * SLOT_SIZE), unpack_steps(data, index * SLOT_SIZE))
-                for index in range(self.count)]
+        return [(*unpack_slot(data, index * SLOT_SIZE), unpack_steps(data, index * SLOT_SIZE),
+                 unpack_checkpoints(data, index * SLOT_SIZE)[0]) for index in range(self.count)]
 
 
 @dataclass
@@ -140,14 +175,23 @@ class RankProgress:
 class HangWatch:
     """Decides which local ranks are hung (see the module docstring)."""
 
+    #: Quiet spans kept (the latest ones: a silence longer than all of them is a hang anyway).
+    SPANS = 32
+
     def __init__(self, table: HeartbeatTable, timeout: float, *, output: bool = False,
-                 clock: Callable[[], float] = time.monotonic, learned: LearnedTimeouts | None = None) -> None:
-        """``learned``: ``--hang-timeout auto`` (``timeout`` is then unused)."""
+                 clock: Callable[[], float] = time.monotonic, learned: LearnedTimeouts | None = None,
+                 remote_quiet: Callable[[float], tuple[float, float] | None] | None = None) -> None:
+        """``learned``: ``--hang-timeout auto`` (``timeout`` is then unused). ``remote_quiet``:
+        given the time now, the last span ``(start, end)`` (monotonic) in which a rank of another
+        node was in a quiet section, or ``None``; asked only at the monitor's checks, and only when
+        a local rank would otherwise be hung or a long interval be learned (the store is not read
+        otherwise)."""
         self.table = table
         self.timeout = timeout
         self.output = output
         self._clock = clock
         self.learned = learned
+        self._remote = remote_quiet
         count = table.count
         # Each rank's learner starts from the value kept from earlier attempts: it only grows.
         self._learners = ([IntervalLearner(learned.rule, learned.steady) for _ in range(count)]
@@ -155,6 +199,16 @@ class HangWatch:
         self._last_beat = [0.0] * count
         self._last_steps = [0] * count
         self._was_quiet = [False] * count
+        self._last_checkpoint = [0.0] * count
+        #: The spans ``[start, end]`` (monotonic, merged, in order) in which some rank of the job
+        #: was in a live quiet section: silence within them is waiting, not a hang.
+        self._spans: list[list[float]] = []
+        #: Local ranks seen in a live quiet section at the last look, and when each began.
+        self._open: dict[int, float] = {}
+        self._looked = 0.0
+        #: ``(start, now)`` of the local quiet sections live at the last look (``None``: none):
+        #: the monitor tells the other nodes, whose ranks may be waiting for them.
+        self.local_quiet: tuple[float, float] | None = None
         #: Monotonic time of each worker's last output line (output mode).
         self.last_output = [0.0] * table.count
         #: Monotonic time each worker started (0: not known yet), for :attr:`RankProgress.waiting`.
@@ -174,9 +228,68 @@ class HangWatch:
 
         return seen
 
-    def _learn(self, index: int, beat: float, steps: int, quiet: bool) -> None:
+    def section_timeout(self, name: str) -> float:
+        """Seconds an automatic quiet section (the start-up hook's ``checkpoint``) may last."""
+        return self.learned.checkpoint_timeout() if self.learned is not None else self.timeout
+
+    # -- quiet spans: a rank waiting for another rank's quiet section is not silent --------------
+
+    def add_span(self, start: float, end: float) -> None:
+        """Some rank of the job was in a quiet section from ``start`` to ``end``."""
+        if end > start:
+            self._spans = _merged([*self._spans, [start, end]])[-self.SPANS:]
+
+    def excused(self, since: float, now: float, spans: list[list[float]] | None = None) -> float:
+        """Seconds of ``since`` .. ``now`` in which some rank of the job was in a quiet section
+        (``spans``: those to count, merged; the ones recorded by default)."""
+        return sum(max(0.0, min(end, now) - max(start, since))
+                   for start, end in (self._spans if spans is None else spans) if end > since)
+
+    def _ask_remote(self, now: float) -> None:
+        """Ask for another node's last quiet span (multi-node only; the monitor limits the reads)."""
+        if self._remote is not None:
+            span = self._remote(now)
+            if span is not None:
+                self.add_span(*span)
+
+    def _look_at_sections(self, rows: list[tuple[float, float, float, str, int, float]], now: float,
+                          record: bool) -> tuple[list[float], list[list[float]]]:
+        """Each rank's quiet deadline in force (an automatic section's is the agent's timeout;
+        0: none), and the quiet spans to excuse silence with. ``record`` (the monitor's check):
+        the live sections (not ``exiting``, not past their deadline) are recorded as spans; else
+        (a status read, from another thread) nothing here changes."""
+        deadlines = []
+        live: dict[int, float] = {}
+        for index, (_, deadline, started, name, _, _) in enumerate(rows):
+            if deadline == float("inf"):
+                deadline = started + self.section_timeout(name)
+            deadlines.append(deadline)
+            if deadline > 0 and now <= deadline and name != EXITING_SECTION:
+                live[index] = started
+        if not record:
+            spans = self._spans
+            return deadlines, _merged([*spans, [min(live.values()), now]]) if live else spans
+        for index, started in self._open.items():
+            if index not in live:  # over since the last look: at its deadline, or at its closing beat
+                beat, deadline = rows[index][0], deadlines[index]
+                end = min(now, deadline) if deadline > 0 else min(now, beat) if beat > started else self._looked
+                self.add_span(started, end)
+        self._open = live
+        self._looked = now
+        if live:
+            earliest = min(live.values())
+            self.add_span(earliest, now)
+            self.local_quiet = (earliest, now)
+        else:
+            self.local_quiet = None
+        return deadlines, self._spans
+
+    # -- learning and judging --------------------------------------------------------------------
+
+    def _learn(self, index: int, beat: float, steps: int, quiet: bool, now: float) -> None:
         """A check saw ``beat`` as the rank's last progress: a change since the last check is
-        intervals to learn from (not when it spans a quiet section: that has its own timeout)."""
+        intervals to learn from (not when it spans the rank's own quiet section: that has its own
+        timeout; less the time another rank was in one, which the rank spent waiting)."""
         learned = self.learned
         previous = self._last_beat[index]
         if learned is not None and beat > 0 and beat != previous:
@@ -185,51 +298,88 @@ class HangWatch:
                 # What other ranks and nodes learned: this rank's learner only offers more.
                 learner.timeout = learned.steady if learner.timeout is None else max(learner.timeout,
                                                                                      learned.steady or 0.0)
-                value = learner.observe(beat - previous, max(1, steps - self._last_steps[index]))
+                interval = beat - previous - self.excused(previous, beat)
+                if learned.rule.factor * interval > (learned.steady or learned.rule.floor):
+                    # Long enough to raise the value: was a rank of another node quiet meanwhile?
+                    self._ask_remote(now)
+                    interval = beat - previous - self.excused(previous, beat)
+                value = learner.observe(max(0.0, interval), max(1, steps - self._last_steps[index]))
                 if value is not None:
                     learned.offer(value, longest=learner.last_longest, intervals=learner.seen)
             self._last_beat[index] = beat
             self._last_steps[index] = steps
         self._was_quiet[index] = quiet
 
+    def _learn_checkpoint(self, index: int, longest: float) -> None:
+        """The longest checkpoint of a rank grew: the checkpoint timeout may grow with it."""
+        learned = self.learned
+        if learned is None or longest <= self._last_checkpoint[index]:
+            return
+        self._last_checkpoint[index] = longest
+        value = learn(learned.rule, learned.checkpoint, longest)
+        if value != learned.checkpoint:
+            learned.offer(value, longest=longest, phase="checkpoint")
+
     def progress(self, now: float | None = None, *, learn: bool = False) -> list[RankProgress]:
         """Every local rank's state, in local-rank order. ``learn``: the monitor's check (with
-        ``--hang-timeout auto``, the beats seen teach the timeout); a status read only looks."""
+        ``--hang-timeout auto``, the beats seen teach the timeout; another node's quiet sections
+        may be asked for); a status read only looks."""
         now = self._clock() if now is None else now
+        rows = self.table.read_rows()
+        deadlines, spans = self._look_at_sections(rows, now, learn)
         states = []
         learned = self.learned
-        for index, (beat, deadline, started, name, steps) in enumerate(self.table.read_all()):
+        for index, (beat, raw_deadline, started, name, steps, longest) in enumerate(rows):
             if learn and learned is not None:
-                self._learn(index, beat, steps, deadline > 0)
+                self._learn(index, beat, steps, raw_deadline > 0, now)
+                self._learn_checkpoint(index, longest)
             last = max(beat, self.last_output[index]) if self.output else beat
             age = now - last if last > 0 else None
             began = self.start_times[index]
             waiting = max(0.0, now - began) if age is None and began > 0 else None
+            deadline = deadlines[index]
             if deadline > 0:
                 hung = now > deadline
                 reason = (f"in quiet section {name!r} for {now - started:.1f} s, past its timeout of "
-                          f"{deadline - started:.0f} s") if hung else ""
+                          f"{_seconds(deadline - started)}") if hung else ""
                 states.append(RankProgress(index, age, hung, quiet=name, reason=reason, waiting=waiting,
                                            optimizer_steps=steps))
                 continue
-            what = "heartbeat or output line" if self.output else "heartbeat"
-            if learned is not None:
-                if age is None:  # the start phase: its own timeout
-                    hung = waiting is not None and waiting > learned.start
-                    reason = (f"no {what} yet after {waiting:.1f} s (start timeout {learned.start:g} s)"
-                              if hung and waiting is not None else "")
-                else:
-                    limit, which = ((learned.steady, "learned timeout") if learned.steady is not None
-                                    else (learned.start, "start timeout, none learned yet"))
-                    hung = age > limit
-                    reason = f"no {what} for {age:.1f} s ({which} {_seconds(limit)})" if hung else ""
-                states.append(RankProgress(index, age, hung, reason=reason, waiting=waiting,
-                                           optimizer_steps=steps))
-                continue
-            hung = age is not None and age > self.timeout
-            reason = f"no {what} for {age:.1f} s (timeout {self.timeout:g} s)" if hung and age is not None else ""
+            hung, reason = self._judge(now, last if last > 0 else None, began, learn, spans)
             states.append(RankProgress(index, age, hung, reason=reason, waiting=waiting, optimizer_steps=steps))
         return states
+
+    def _judge(self, now: float, last: float | None, began: float, ask: bool,
+               spans: list[list[float]]) -> tuple[bool, str]:
+        """Whether a rank outside any quiet section of its own is hung, and why. Its silence
+        counts from its last progress (before any, from its start under ``auto``), less the time
+        in which another rank of the job was in a quiet section: a rank waiting in a collective for
+        a peer that checkpoints is not hung. Another node is asked (``ask``) only when the rank
+        would be hung otherwise."""
+        learned = self.learned
+        what = "heartbeat or output line" if self.output else "heartbeat"
+        if last is None and (learned is None or began <= 0):
+            return False, ""  # a fixed timeout watches a rank from its first progress
+        if learned is None:
+            limit, which, since = self.timeout, f"timeout {self.timeout:g} s", last
+        elif last is None:
+            limit, which, since = learned.start, f"start timeout {_seconds(learned.start)}", began
+        elif learned.steady is not None:
+            limit, which, since = learned.steady, f"learned timeout {_seconds(learned.steady)}", last
+        else:
+            limit, which, since = learned.start, f"start timeout, none learned yet {_seconds(learned.start)}", last
+        assert since is not None
+        silent = now - since
+        excused = self.excused(since, now, spans)
+        if silent - excused > limit and ask:
+            self._ask_remote(now)
+            excused = self.excused(since, now)
+        if silent - excused <= limit:
+            return False, ""
+        head = f"no {what} yet after {silent:.1f} s" if last is None else f"no {what} for {silent:.1f} s"
+        if excused > 0:
+            head += f", {excused:.1f} s of it waiting while another rank was in a quiet section"
+        return True, f"{head} ({which})"
 
     def hung(self, now: float | None = None) -> list[RankProgress]:
         """The hung local ranks (empty when all is well)."""

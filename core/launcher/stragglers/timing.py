@@ -64,6 +64,17 @@ optimizer steps so far (offset :data:`OPTIMIZER_STEPS_OFFSET`), which gives ``la
 its steps/s when the job gives no ``heartbeat(step)``. Without ``--straggler-detection`` nothing
 is timed: the wrapped collectives only beat.
 
+**Checkpoints as quiet sections.** Under ``--hang-timeout`` too, ``torch.save`` and
+``torch.distributed.checkpoint``'s ``save``, ``async_save``, ``load`` and the legacy
+``save_state_dict``/``load_state_dict`` are wrapped once the worker's code imports them (their
+modules ``torch.serialization``, ``...checkpoint.state_dict_saver`` and ``state_dict_loader``):
+each call on the main thread is a quiet section named ``checkpoint`` in the rank's heartbeat
+slot, its deadline infinity (the agent applies its checkpoint timeout), counted once when nested
+(DCP calls ``torch.save``) and not opened inside a section the job opened itself. At its end the
+section's length goes into the slot (offset :data:`CHECKPOINTS_OFFSET`: the longest so far and
+the count), which the agent learns the checkpoint timeout from. Outside a checkpoint this costs
+nothing: no other function is wrapped.
+
 Standard library only, importable by the worker's interpreter without launcher's agent (and
 nothing newer than Python 3.8: the worker's interpreter may not be the agent's).
 """
@@ -135,12 +146,15 @@ _depth = 0
 
 
 def _forget_in_child():
-    global _state, _mapping, _timeline, _beat, _optimizer_steps
+    global _state, _mapping, _timeline, _beat, _optimizer_steps, _checkpoint_depth, _longest_checkpoint, _checkpoints
     _state = None
     _mapping = None
     _timeline = None
     _beat = None
     _optimizer_steps = 0
+    _checkpoint_depth = 0
+    _longest_checkpoint = 0.0
+    _checkpoints = 0
 
 
 def _open():
@@ -588,10 +602,105 @@ def patch_optimizer(module):
         module._launcher_step_hook = module.register_optimizer_step_post_hook(optimizer_stepped)
 
 
-#: The module each patch waits for (its import by the worker's code): the optimizer's only with
-#: ``--hang-timeout`` (see :func:`install`).
+#: Where an automatic quiet section keeps, in the heartbeat slot, the longest checkpoint this
+#: worker took (float64 seconds) and the checkpoints it finished (int64): the agent learns the
+#: checkpoint timeout from them (``launcher.hangs.heartbeat``'s layout).
+_CHECKPOINTS = struct.Struct("<dq")
+CHECKPOINTS_OFFSET = 72
+#: The name of the quiet section a checkpoint opens. Its deadline is written as infinity: the
+#: agent judges it against the checkpoint timeout it holds (learned, or the fixed one).
+CHECKPOINT_SECTION = b"checkpoint"
+_longest_checkpoint = 0.0
+_checkpoints = 0
+#: Nesting of checkpoint calls on the main thread (DCP's save calls torch.save: counted once).
+_checkpoint_depth = 0
+
+
+def _checkpoint_section(function):
+    """``function`` (``torch.save``, a ``torch.distributed.checkpoint`` save or load) as a quiet
+    section named ``checkpoint`` of the rank (``--hang-timeout``): opened on the main thread
+    only (a save in a background thread does not stop the rank's progress), once for nested
+    calls, and not inside a quiet section the job opened itself (``launcher.quiet()``: its own
+    timeout stands). Leaving it is a beat, and its length is kept for the agent to learn from.
+    The call, its result and its exceptions are the function's own."""
+    import functools
+    import threading
+
+    main_thread = threading.main_thread
+    get_ident = threading.get_ident
+
+    @functools.wraps(function)
+    def checkpoint(*args, **kwargs):
+        global _checkpoint_depth, _longest_checkpoint, _checkpoints
+        if _checkpoint_depth or get_ident() != main_thread().ident:
+            return function(*args, **kwargs)
+        if _beat is None:
+            _open()
+        beat = _beat
+        if not beat:
+            return function(*args, **kwargs)
+        page, offset = beat
+        _checkpoint_depth = 1
+        opened = 0.0
+        try:
+            try:
+                if not _EXIT_QUIET.unpack_from(page, offset + _EXIT_QUIET_OFFSET)[0]:  # no section open
+                    opened = _monotonic()
+                    _EXIT_QUIET.pack_into(page, offset + _EXIT_QUIET_OFFSET, float("inf"), opened,
+                                          CHECKPOINT_SECTION)
+            except (ValueError, TypeError, struct.error):  # unmapped under us: the call goes on
+                opened = 0.0
+            return function(*args, **kwargs)
+        finally:
+            _checkpoint_depth = 0
+            if opened:
+                now = _monotonic()
+                _checkpoints += 1
+                _longest_checkpoint = max(_longest_checkpoint, now - opened)
+                try:
+                    _CHECKPOINTS.pack_into(page, offset + CHECKPOINTS_OFFSET, _longest_checkpoint, _checkpoints)
+                    _BEAT.pack_into(page, offset, now)
+                    _EXIT_QUIET.pack_into(page, offset + _EXIT_QUIET_OFFSET, 0.0, 0.0, b"")
+                except (ValueError, TypeError, struct.error):
+                    pass
+
+    checkpoint.__dict__["_launcher_checkpoint"] = True
+    return checkpoint
+
+
+def _wrap_checkpoints(module, names):
+    """Make each function of ``module`` named in ``names`` a checkpoint section, in place (once)."""
+    for name in names:
+        function = getattr(module, name, None)
+        if callable(function) and not getattr(function, "_launcher_checkpoint", False):
+            setattr(module, name, _checkpoint_section(function))
+
+
+def patch_torch_save(module):
+    """``torch.save`` (module ``torch.serialization``, patched before ``torch`` binds its name)."""
+    _wrap_checkpoints(module, ("save",))
+
+
+def patch_dcp_save(module):
+    """``torch.distributed.checkpoint``'s saves (module ``state_dict_saver``, patched before the
+    package binds their names)."""
+    _wrap_checkpoints(module, ("save", "async_save", "save_state_dict"))
+
+
+def patch_dcp_load(module):
+    """``torch.distributed.checkpoint``'s loads (module ``state_dict_loader``)."""
+    _wrap_checkpoints(module, ("load", "load_state_dict"))
+
+
+#: The module each patch waits for (its import by the worker's code): the optimizer's and the
+#: checkpoints' only with ``--hang-timeout`` (see :func:`install`).
 _TARGETS = {"torch.distributed": patch_collectives, "torch.nn.parallel.distributed": patch_ddp,
-            "torch.optim.optimizer": patch_optimizer}
+            "torch.optim.optimizer": patch_optimizer, "torch.serialization": patch_torch_save,
+            "torch.distributed.checkpoint.state_dict_saver": patch_dcp_save,
+            "torch.distributed.checkpoint.state_dict_loader": patch_dcp_load}
+#: The targets of hang detection alone.
+_HANG_TARGETS = ("torch.optim.optimizer", "torch.serialization", "torch.distributed.checkpoint.state_dict_saver",
+                 "torch.distributed.checkpoint.state_dict_loader")
 
 
 class _Finder:
@@ -648,7 +757,8 @@ def install() -> None:
     if timing and not os.environ.get(STRAGGLER_PID_ENV):
         os.environ[STRAGGLER_PID_ENV] = str(os.getpid())
     if not os.environ.get(HEARTBEAT_FILE_ENV):
-        _TARGETS.pop("torch.optim.optimizer", None)  # steps are progress for hang detection only
+        for name in _HANG_TARGETS:  # steps and checkpoints matter to hang detection only
+            _TARGETS.pop(name, None)
     for name, patch in list(_TARGETS.items()):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__spec__", None) is not None:
