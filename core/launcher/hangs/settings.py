@@ -138,7 +138,8 @@ FLAGS: FlagGroup[HangSettings] = FlagGroup(
              help="Seconds a rank may go without progress (a collective completed, an optimizer step, a "
              "launcher.heartbeat(); no code change needed) before it is hung: every rank's stack "
              "is printed and the group restarts like a failed one; or auto: learn the timeout from the "
-             "job's own progress (docs/hangs.md; default: off)."),
+             "job's own progress. A checkpoint (torch.save, torch.distributed.checkpoint) has a timeout of "
+             "its own, and the ranks waiting for it are not hung (docs/hangs.md; default: off)."),
         Flag("--hang-watch", default="heartbeat",
              help="What counts as progress for --hang-timeout: heartbeat (default), or output (any output line too)."),
         Flag("--hang-factor", default=None,

@@ -18,7 +18,13 @@ says which ranks are hung:
   passes the timeout (``docs/hangs.md``);
 * a watched rank is hung when its last sign of progress is older than the timeout;
 * inside a ``quiet(name, timeout)`` section, it is hung only once the section's own timeout
-  has passed;
+  has passed; a checkpoint (``torch.save``, ``torch.distributed.checkpoint``) is such a section
+  with no code change (the start-up hook's), its deadline infinity in the slot: the watch applies
+  :meth:`section_timeout` (learned with ``auto``: :meth:`LearnedTimeouts.checkpoint_timeout`);
+* a rank's silence does not count the time in which another rank of the job was in a live quiet
+  section (not ``exiting``, not past its deadline): it may be waiting for it in a collective.
+  The watch records those spans at the monitor's checks; another node's come through the
+  store, asked for only when a rank would be hung otherwise (:mod:`launcher.hangs.monitor`);
 * with ``--hang-timeout auto`` (a :class:`LearnedTimeouts`): a rank with no progress yet is hung
   once the *start timeout* has passed since it started; after its first progress, once its last
   progress is older than the learned *steady* timeout (the start timeout until one is learned).
