@@ -351,6 +351,34 @@ def test_a_rank_waiting_for_a_quiet_section_on_another_node_is_not_hung(tmp_path
             monitor.close()
 
 
+def test_the_checkpoint_timeout_is_kept_across_attempts_and_shown(tmp_path):
+    from launcher.hangs.monitor import HangMonitor
+    from launcher.status import metrics, render
+
+    learned = LearnedTimeouts(600.0, factor=5.0, floor=2.0)
+    monitor = HangMonitor(600.0, node="n", run_id="job", learned=learned)
+    try:
+        monitor.prepare({0: {}, 1: {}})
+        learned.offer(40.0, longest=8.0, phase="checkpoint")
+        monitor.prepare({0: {}, 1: {}})  # a restart: a new table, the same learned values
+        watch = monitor._watch
+        assert watch is not None and watch.section_timeout("checkpoint") == 40.0
+        timeouts = monitor.hang_timeouts()
+        assert timeouts == {"start": 600.0, "steady": None, "checkpoint": 40.0}
+    finally:
+        monitor.close()
+    doc = {"run_id": "j", "node": "n", "updated_at": 0.0, "restarts_used": 0, "restarts_left": 0,
+           "max_restarts": 0, "round": 0, "ranks": [], "hang_timeouts": timeouts}
+    text = metrics.render(doc, 0, now=0.0)
+    assert 'launcher_hang_timeout_seconds{job="j",node="n",phase="checkpoint"} 40' in text
+    assert 'phase="steady"' not in text  # none learned yet: no number
+    status = {"job": {"run_id": "j", "nodes": 1, "world_size": 0, "round": 0, "restarts_used": 0,
+                      "restarts_left": 0, "elapsed_s": 1.0, "hung_ranks": [], "failed_ranks": [],
+                      "hang_timeouts": timeouts},
+              "nodes": [], "missing_nodes": [], "store_problem": None, "ranks": []}
+    assert "hang timeouts: start 600 s, steady not learned yet, checkpoint 40 s" in render.render(status)
+
+
 # -- real jobs -------------------------------------------------------------------------------------
 
 # A plain DDP loop over gloo, no launcher call. Arguments: steps; rank 0's checkpoints, as
