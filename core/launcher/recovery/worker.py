@@ -407,6 +407,12 @@ def _follow_hang_watch(changed: dict[str, str]) -> None:
     heartbeat = sys.modules.get("launcher.hangs.heartbeat")
     if heartbeat is not None and "LAUNCHER_HEARTBEAT_FILE" in changed:
         heartbeat._forget_in_child()  # drops the old mapping: the next beat maps the new slot
+    # The start-up hook's progress (optimizer steps, collectives: launcher/stragglers/timing.py,
+    # loaded under this name) writes to the same slots: without this, a job with no launcher
+    # call beat into the old attempt's file, and looked silent from the recovery on.
+    timing = sys.modules.get("_launcher_straggler_timing")
+    if timing is not None and ("LAUNCHER_HEARTBEAT_FILE" in changed or "LAUNCHER_STRAGGLER_FILE" in changed):
+        timing.follow_new_attempt()
     if "LAUNCHER_STACKS_FILE" in changed:
         from launcher.hangs import stacks
 

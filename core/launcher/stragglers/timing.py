@@ -157,6 +157,13 @@ def _forget_in_child():
     _checkpoints = 0
 
 
+def follow_new_attempt():
+    """A recovery in place (``launcher.recovery.worker``) gave this process the next attempt's
+    slot files: the next progress maps them, as a fresh worker's start-up would, and counts its
+    optimizer steps from 0 again (the new slot's count, as after a restart)."""
+    _forget_in_child()
+
+
 def _open():
     """Map this worker's slots, once: the straggler slot (returned; ``()`` outside launcher, without
     ``--straggler-detection`` or in a child of the worker) and the heartbeat slot (:data:`_beat`)."""
@@ -179,7 +186,9 @@ def _open_beat():
     import atexit  # built in: nothing to load
 
     # The job's code is over: its end is progress too. torch's teardown at exit takes seconds
-    # on a busy machine, and must not pass for a rank silent since its last step.
+    # on a busy machine, and must not pass for a rank silent since its last step. (Registered
+    # again after a recovery in place maps a new slot: unregistered first, so it runs once.)
+    atexit.unregister(_exiting)
     atexit.register(_exiting)
     return beat
 
