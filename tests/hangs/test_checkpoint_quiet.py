@@ -167,6 +167,28 @@ def test_dcp_save_and_load_are_sections_and_nested_saves_count_once(tmp_path):
 
 
 @needs_torch
+def test_a_worker_that_imported_torch_before_the_hook_is_wrapped_too(tmp_path):
+    # A preloaded worker: its template imported torch (and DCP) before the hook was installed.
+    table = HeartbeatTable(str(tmp_path / "beats"), 1)
+    code = ("import os, sys, importlib.util\n"
+            "import torch, torch.distributed.checkpoint as dcp\n"
+            "os.environ['LAUNCHER_HEARTBEAT_PID'] = str(os.getpid())\n"
+            "spec = importlib.util.spec_from_file_location('_launcher_straggler_timing', os.environ['TIMING'])\n"
+            "timing = importlib.util.module_from_spec(spec); sys.modules[spec.name] = timing\n"
+            "spec.loader.exec_module(timing); timing.install()\n"
+            "print(torch.save is torch.serialization.save, hasattr(torch.save, '_launcher_checkpoint'),\n"
+            "      all(hasattr(getattr(dcp, n), '_launcher_checkpoint') for n in ('save', 'load', 'async_save')))\n")
+    env = launcher_env({"LAUNCHER_HEARTBEAT_FILE": table.path, "LAUNCHER_HEARTBEAT_SLOT": "0",
+                        "TIMING": str(TIMING)})
+    try:
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        table.close()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "True"], result.stdout
+
+
+@needs_torch
 def test_nothing_is_wrapped_without_hang_detection(tmp_path):
     # --straggler-detection alone loads the same hook: checkpoints are no business of its own.
     straggler = tmp_path / "timing"

@@ -677,28 +677,34 @@ def _checkpoint_section(function):
     return checkpoint
 
 
-def _wrap_checkpoints(module, names):
-    """Make each function of ``module`` named in ``names`` a checkpoint section, in place (once)."""
+def _wrap_checkpoints(module, names, alias):
+    """Make each function of ``module`` named in ``names`` a checkpoint section, in place (once);
+    also in the module ``alias`` (the package that re-exports them), when it already bound the
+    original (a preloaded worker, whose template imported torch before the hook was installed)."""
+    exported = sys.modules.get(alias)
     for name in names:
         function = getattr(module, name, None)
         if callable(function) and not getattr(function, "_launcher_checkpoint", False):
-            setattr(module, name, _checkpoint_section(function))
+            wrapped = _checkpoint_section(function)
+            setattr(module, name, wrapped)
+            if exported is not None and getattr(exported, name, None) is function:
+                setattr(exported, name, wrapped)
 
 
 def patch_torch_save(module):
     """``torch.save`` (module ``torch.serialization``, patched before ``torch`` binds its name)."""
-    _wrap_checkpoints(module, ("save",))
+    _wrap_checkpoints(module, ("save",), "torch")
 
 
 def patch_dcp_save(module):
     """``torch.distributed.checkpoint``'s saves (module ``state_dict_saver``, patched before the
     package binds their names)."""
-    _wrap_checkpoints(module, ("save", "async_save", "save_state_dict"))
+    _wrap_checkpoints(module, ("save", "async_save", "save_state_dict"), "torch.distributed.checkpoint")
 
 
 def patch_dcp_load(module):
     """``torch.distributed.checkpoint``'s loads (module ``state_dict_loader``)."""
-    _wrap_checkpoints(module, ("load", "load_state_dict"))
+    _wrap_checkpoints(module, ("load", "load_state_dict"), "torch.distributed.checkpoint")
 
 
 #: The module each patch waits for (its import by the worker's code): the optimizer's and the
