@@ -61,6 +61,7 @@ TORCH_JOBS = (
     "tests/store/test_gloo.py::",
     "tests/clusters/test_cluster_option.py::test_kubeflow_pods_make_one_job",
     "tests/hangs/test_gloo_hang.py::",
+    "tests/hangs/test_frameworks.py::",
     "tests/recovery/test_all_blocked.py::",
     "tests/recovery/test_function.py::",
     "tests/recovery/test_in_place.py::",
