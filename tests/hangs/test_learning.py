@@ -35,6 +35,15 @@ def test_warm_up_is_not_learned_from_and_a_value_comes_per_window():
     assert learner.timeout == 20.0
 
 
+def test_a_sampled_span_across_the_end_of_the_warm_up_is_counted_not_learned_from():
+    # The agent looks once a second: a slow first batch (9 s) and the quick steps after it can
+    # come as one span of many steps that ends past the warm-up. Its length is warm-up time
+    # (Lightning learned 47 s from it); its steps count towards the window.
+    learner = IntervalLearner(RULE)
+    assert learner.observe(9.5, count=5) is None  # warm-up (3) and 2 counted steps, not its 9.5 s
+    assert learner.observe(1.0, count=2) == 10.0  # the window (4) is full: 5 x 1 s, the floor
+
+
 def test_a_value_kept_across_a_restart_is_the_starting_point():
     learner = IntervalLearner(RULE, timeout=30.0)
     assert [learner.observe(i) for i in (9.0,) * 6] == [None] * 6  # warm-up again, then a window

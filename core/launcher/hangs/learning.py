@@ -91,7 +91,10 @@ class IntervalLearner:
         counted = self.seen - max(before, self.rule.warmup)
         if counted <= 0:
             return None
-        self._longest = max(self._longest, interval)
+        if before >= self.rule.warmup:
+            # A span that straddles the warm-up's end holds warm-up time (a slow first batch, the
+            # first communicators), which would be learned as a step: its intervals count, its length not.
+            self._longest = max(self._longest, interval)
         self._in_window += counted
         if self._in_window < self.rule.window:
             return None
