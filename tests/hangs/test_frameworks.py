@@ -221,16 +221,16 @@ def test_a_rank_blocked_in_its_data_loader_is_named(name, write_script, tmp_path
 def test_a_slow_start_and_evaluations_raise_no_false_alarm(name, write_script, tmp_path):
     script, told = _framework(name)
     # The first batch takes 9 s, more than the floor (judged against the start timeout: nothing is
-    # learned yet; Lightning's set-up collectives were progress already); an evaluation pass of 2 s
-    # every 50 steps (the first in the window the steady timeout is learned from), the
-    # Trainer's with a gather at each batch, Lightning's with no progress at all until its end.
-    # 100 steps, then the job ends by itself.
+    # learned yet; Lightning's set-up collectives were progress already); at step 80, once the
+    # steady timeout was learned (the floor, 8 s: 60 steps), an evaluation pass of 12 s, longer
+    # than it: the Trainer's with a gather at each batch, Lightning's with no optimizer step and
+    # no collective until its end, only its batches (1.5 s each). 100 steps, then the job ends.
     code, stderr, _ = _run(write_script(f"{name}_job.py", script),
-                           ["-1", str(tmp_path / "block"), "9", "100", "50", "2"], tmp_path)
+                           ["-1", str(tmp_path / "block"), "9", "100", "80", "12"], tmp_path)
     assert code == 0, stderr
     assert "hang detected" not in stderr, stderr
+    assert re.search(r"hang timeout \(steady\) learned: ", stderr), stderr
     for rank in (0, 1):
         assert told.format(rank=rank) in stderr, stderr
         assert f": rank {rank} done, 100 steps" in stderr, stderr
-        for step in (50, 100):
-            assert f": rank {rank} evaluated at step {step}" in stderr, stderr
+        assert f": rank {rank} evaluated at step 80" in stderr, stderr

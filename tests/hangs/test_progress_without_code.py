@@ -176,6 +176,18 @@ if sys.argv[1] == "step":
     for _ in range(3):
         param.grad = torch.ones(2)
         opt.step()
+if sys.argv[1] in ("batches", "thread"):
+    import threading, time
+    import torch.utils.data
+    loader = torch.utils.data.DataLoader(list(range(6)), batch_size=2)
+    if sys.argv[1] == "thread":  # a prefetcher of the job's: not the rank's progress
+        worker = threading.Thread(target=lambda: seen.__setitem__("batches", len(list(loader))))
+        worker.start()
+        worker.join()
+    else:
+        seen["batches"] = len(list(loader))
+        seen["before"] = time.monotonic()
+        seen["one_more"] = next(iter(loader)).tolist()
 seen["finder_installed"] = timing._finder in sys.meta_path
 print(json.dumps(seen))
 """
@@ -202,6 +214,16 @@ def test_optimizer_steps_beat_and_are_counted(tmp_path):
     beat, _, _, _, steps = slots[1]
     assert beat > 0 and steps == 3, slots
     assert slots[0][0] == 0 and slots[0][4] == 0, slots  # another rank's slot is left alone
+
+
+def test_each_batch_a_data_loader_hands_the_main_thread_beats(tmp_path):
+    # An evaluation pass: no optimizer step, maybe no collective per batch (Lightning's validation).
+    seen, slots = _run_hook(tmp_path, "batches")
+    assert seen["batches"] == 3 and seen["one_more"] == [0, 1], seen  # the batches are the loader's own
+    beat, _, _, _, steps = slots[1]
+    assert beat >= seen["before"] and steps == 0, (seen, slots)  # the last batch's time; no optimizer step
+    seen, slots = _run_hook(tmp_path, "thread")
+    assert seen["batches"] == 3 and slots[1][0] == 0, (seen, slots)  # only the main thread's count
 
 
 def test_the_optimizer_hook_waits_for_the_workers_import(tmp_path):

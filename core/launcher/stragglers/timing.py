@@ -57,8 +57,9 @@ inherit it, find it is not theirs, and stay out).
 worker's environment names a heartbeat file, :data:`HEARTBEAT_FILE_ENV`) counts as this rank's
 progress, with no change to the job's code: every collective it times that completes (on the host's
 clock when the call returns; on the GPU's once its end event is seen complete, never waiting for
-it), and every optimizer step (torch's global ``register_optimizer_step_post_hook``, registered
-once the worker's own code imports ``torch.optim``). Each stores the time into the rank's heartbeat
+it), every optimizer step (torch's global ``register_optimizer_step_post_hook``, registered
+once the worker's own code imports ``torch.optim``), and every batch a ``DataLoader`` hands the
+main thread (an evaluation pass: no step, maybe no collective per batch). Each stores the time into the rank's heartbeat
 slot (offset 0, as ``launcher.heartbeat()`` does); an optimizer step also stores the count of
 optimizer steps so far (offset :data:`OPTIMIZER_STEPS_OFFSET`), which gives ``launcher status``
 its steps/s when the job gives no ``heartbeat(step)``. Without ``--straggler-detection`` nothing
@@ -611,6 +612,41 @@ def patch_optimizer(module):
         module._launcher_step_hook = module.register_optimizer_step_post_hook(optimizer_stepped)
 
 
+def patch_dataloader(module):
+    """Count each batch a ``DataLoader`` hands the main thread as progress (module
+    ``torch.utils.data.dataloader``, ``--hang-timeout``): an evaluation pass takes no optimizer
+    step, and may run no collective per batch (Lightning's validation loop reduces once, at its
+    end), yet it is not a hang. A loader that blocks hands out nothing: a rank stuck in its data
+    is still one. Batches taken by another thread (a prefetcher) are not the rank's progress."""
+    cls = getattr(module, "_BaseDataLoaderIter", None)
+    original = getattr(cls, "__next__", None)
+    if original is None or getattr(original, "_launcher_batch", False):
+        return
+    import functools
+    import threading
+
+    main = threading.main_thread().ident
+    get_ident = threading.get_ident
+
+    @functools.wraps(original)
+    def next_batch(self):
+        batch = original(self)
+        if get_ident() == main:
+            beat = _beat
+            if beat is None:
+                _open()
+                beat = _beat
+            if beat:
+                try:  # noqa: SIM105 (per batch: a bare try costs less than a context manager)
+                    _BEAT.pack_into(beat[0], beat[1], _monotonic())
+                except (ValueError, TypeError, struct.error):  # unmapped under us: the batch goes on
+                    pass
+        return batch
+
+    next_batch.__dict__["_launcher_batch"] = True
+    cls.__next__ = next_batch
+
+
 #: Where an automatic quiet section keeps, in the heartbeat slot, the longest checkpoint this
 #: worker took (float64 seconds) and the checkpoints it finished (int64): the agent learns the
 #: checkpoint timeout from them (``launcher.hangs.heartbeat``'s layout).
@@ -712,10 +748,11 @@ def patch_dcp_load(module):
 _TARGETS = {"torch.distributed": patch_collectives, "torch.nn.parallel.distributed": patch_ddp,
             "torch.optim.optimizer": patch_optimizer, "torch.serialization": patch_torch_save,
             "torch.distributed.checkpoint.state_dict_saver": patch_dcp_save,
-            "torch.distributed.checkpoint.state_dict_loader": patch_dcp_load}
+            "torch.distributed.checkpoint.state_dict_loader": patch_dcp_load,
+            "torch.utils.data.dataloader": patch_dataloader}
 #: The targets of hang detection alone.
 _HANG_TARGETS = ("torch.optim.optimizer", "torch.serialization", "torch.distributed.checkpoint.state_dict_saver",
-                 "torch.distributed.checkpoint.state_dict_loader")
+                 "torch.distributed.checkpoint.state_dict_loader", "torch.utils.data.dataloader")
 
 
 class _Finder:
