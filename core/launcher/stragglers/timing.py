@@ -620,7 +620,7 @@ def patch_dataloader(module):
     is still one. Batches taken by another thread (a prefetcher) are not the rank's progress."""
     cls = getattr(module, "_BaseDataLoaderIter", None)
     original = getattr(cls, "__next__", None)
-    if original is None or getattr(original, "_launcher_batch", False):
+    if cls is None or original is None or getattr(original, "_launcher_batch", False):
         return
     import functools
     import threading
