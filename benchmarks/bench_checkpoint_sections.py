@@ -18,38 +18,19 @@ Usage: ``python benchmarks/bench_checkpoint_sections.py [--rounds 7] [--calls 20
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+# The hook loaded as in a worker, and the per-call timer: the same as for the progress hooks'
+# cost (run as a script, this folder is on the path).
+from bench_progress_hooks import _load_hook, _per_call
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_hook(path: str):
-    os.environ["LAUNCHER_HEARTBEAT_FILE"] = path
-    os.environ["LAUNCHER_HEARTBEAT_SLOT"] = "0"
-    os.environ["LAUNCHER_HEARTBEAT_PID"] = str(os.getpid())
-    spec = importlib.util.spec_from_file_location("_launcher_straggler_timing",
-                                                  ROOT / "core" / "launcher" / "stragglers" / "timing.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    module.install()
-    return module
-
-
-def _per_call(function, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        function()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> int:
