@@ -379,12 +379,14 @@ class DynamicRendezvousHandler:
         if node_id in self._lost.read(self._ops, self._keys, m.round):
             return None  # already out (another node's report): nothing to refuse
         refused = self._cannot_do_without(m, node_id)
-        if refused is not None:
-            return refused
-        if publish:
-            report_departure(self._ops, self._keys, m.round, node_id, reason)
-            self._lost.record(node_id, reason)
-        return None
+        if refused is None and publish:
+            self._publish_departure(m, node_id, reason)
+        return refused
+
+    def _publish_departure(self, m: Membership, node_id: str, reason: str) -> None:
+        """Report ``node_id`` gone from round ``m`` (every participant re-forms without it)."""
+        report_departure(self._ops, self._keys, m.round, node_id, reason)
+        self._lost.record(node_id, reason)
 
     def _cannot_do_without(self, m: Membership, node_id: str) -> str | None:
         """Why round ``m`` cannot go on without ``node_id`` (``None``: it can)."""
@@ -520,12 +522,14 @@ class DynamicRendezvousHandler:
         job the same way, unless it only waited as a spare. Raises what the store raises."""
         self._stopping = True
         m = self._current
-        # Asked first, not left to put_out: this node may be "out" already by a report of its
-        # own connection closing (a signal that cut a store call short drops the connection,
-        # launcher.store.client), and that report alone would let the others run on without
-        # it below MIN, or, once it had finished, treat it as done rather than stopped.
-        if (m is not None and m.size > 1 and self._cannot_do_without(m, self._node.id) is None
-                and self.put_out(self._node.id, reason) is None):
+        # Asked first, not only when no report says this node is out: it may be "out" already by
+        # a report of its own connection closing (a signal that cut a store call short drops the
+        # connection, launcher.store.client), and that report alone would let the others run on
+        # without it below MIN, or, once it had finished, treat it as done rather than stopped.
+        if (m is not None and m.size > 1 and not self._shut_down
+                and self._cannot_do_without(m, self._node.id) is None):
+            if self._node.id not in self._lost.read(self._ops, self._keys, m.round):
+                self._publish_departure(m, self._node.id, reason)
             log.warning("rendezvous %r: this node leaves the job (%s); the others re-form without it",
                         self._run_id, reason)
             return True
