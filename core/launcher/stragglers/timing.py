@@ -174,6 +174,13 @@ def _open():
     return _state
 
 
+def _heartbeat_slot():
+    """:data:`_beat`, this worker's slots mapped at its first progress (:func:`_open`)."""
+    if _beat is None:
+        _open()
+    return _beat
+
+
 def _open_beat():
     """This worker's heartbeat slot ``(page, offset)``; ``()`` without ``--hang-timeout`` or in a
     child of the worker (the same rules as ``launcher.heartbeat()``: only the recorded worker beats)."""
@@ -587,10 +594,7 @@ def optimizer_stepped(optimizer, args, kwargs):
     (``--hang-timeout``): the time, and the count of steps so far, into the heartbeat slot; with
     collectives on the GPU, the events of those complete by now are read (never waited for)."""
     global _optimizer_steps
-    beat = _beat
-    if beat is None:
-        _open()
-        beat = _beat
+    beat = _heartbeat_slot()
     if not beat:
         return
     _optimizer_steps += 1
@@ -632,10 +636,7 @@ def patch_dataloader(module):
     def next_batch(self):
         batch = original(self)
         if get_ident() == main:
-            beat = _beat
-            if beat is None:
-                _open()
-                beat = _beat
+            beat = _heartbeat_slot()
             if beat:
                 try:  # noqa: SIM105 (per batch: a bare try costs less than a context manager)
                     _BEAT.pack_into(beat[0], beat[1], _monotonic())
@@ -679,9 +680,7 @@ def _checkpoint_section(function):
         global _checkpoint_depth, _longest_checkpoint, _checkpoints
         if _checkpoint_depth or get_ident() != main_thread().ident:
             return function(*args, **kwargs)
-        if _beat is None:
-            _open()
-        beat = _beat
+        beat = _heartbeat_slot()
         if not beat:
             return function(*args, **kwargs)
         page, offset = beat
