@@ -26,24 +26,17 @@ from launcher.hangs.heartbeat import _QUIET, _QUIET_OFFSET, CHECKPOINTS_OFFSET, 
 from launcher.hangs.watch import HangWatch, HeartbeatTable, LearnedTimeouts
 
 from tests.conftest import launcher_env, run_launcher
+from tests.hangs.hook import LOAD_HOOK, TIMING
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
-TIMING = Path(__file__).resolve().parents[2] / "core" / "launcher" / "stragglers" / "timing.py"
 
 # -- the wrapping, in a worker-like interpreter ----------------------------------------------------
 
 # Loads the hook as the start-up hook does, then checks what each case asks, printing one JSON
 # object. The slot is read from inside the checkpoint (a file-like object's write) to see the
 # section while it is open.
-_HOOK = r"""
+_HOOK = LOAD_HOOK + r"""
 import inspect, io, json, os, struct, sys, tempfile, threading
-os.environ["LAUNCHER_HEARTBEAT_PID"] = str(os.getpid())
-import importlib.util
-spec = importlib.util.spec_from_file_location("_launcher_straggler_timing", os.environ["TIMING"])
-timing = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = timing
-spec.loader.exec_module(timing)
-timing.install()
 import mmap
 handle = open(os.environ["LAUNCHER_HEARTBEAT_FILE"], "r+b")
 page = mmap.mmap(handle.fileno(), 0)
@@ -170,12 +163,7 @@ def test_dcp_save_and_load_are_sections_and_nested_saves_count_once(tmp_path):
 def test_a_worker_that_imported_torch_before_the_hook_is_wrapped_too(tmp_path):
     # A preloaded worker: its template imported torch (and DCP) before the hook was installed.
     table = HeartbeatTable(str(tmp_path / "beats"), 1)
-    code = ("import os, sys, importlib.util\n"
-            "import torch, torch.distributed.checkpoint as dcp\n"
-            "os.environ['LAUNCHER_HEARTBEAT_PID'] = str(os.getpid())\n"
-            "spec = importlib.util.spec_from_file_location('_launcher_straggler_timing', os.environ['TIMING'])\n"
-            "timing = importlib.util.module_from_spec(spec); sys.modules[spec.name] = timing\n"
-            "spec.loader.exec_module(timing); timing.install()\n"
+    code = ("import torch, torch.distributed.checkpoint as dcp\n" + LOAD_HOOK +
             "print(torch.save is torch.serialization.save, hasattr(torch.save, '_launcher_checkpoint'),\n"
             "      all(hasattr(getattr(dcp, n), '_launcher_checkpoint') for n in ('save', 'load', 'async_save')))\n")
     env = launcher_env({"LAUNCHER_HEARTBEAT_FILE": table.path, "LAUNCHER_HEARTBEAT_SLOT": "0",
@@ -193,10 +181,7 @@ def test_nothing_is_wrapped_without_hang_detection(tmp_path):
     # --straggler-detection alone loads the same hook: checkpoints are no business of its own.
     straggler = tmp_path / "timing"
     straggler.write_bytes(b"\0" * 128)
-    code = ("import os, sys, importlib.util\n"
-            "spec = importlib.util.spec_from_file_location('_launcher_straggler_timing', os.environ['TIMING'])\n"
-            "timing = importlib.util.module_from_spec(spec); sys.modules[spec.name] = timing\n"
-            "spec.loader.exec_module(timing); timing.install()\n"
+    code = (LOAD_HOOK +
             "import torch, torch.distributed.checkpoint as dcp\n"
             "print(hasattr(torch.save, '__wrapped__'), hasattr(dcp.save, '_launcher_checkpoint'))\n")
     env = launcher_env({"LAUNCHER_STRAGGLER_FILE": str(straggler), "LAUNCHER_STRAGGLER_SLOT": "0",

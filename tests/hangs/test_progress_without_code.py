@@ -18,10 +18,10 @@ import pytest
 
 from tests.background_job import BackgroundJob
 from tests.conftest import launcher_env, run_launcher
+from tests.hangs.hook import LOAD_HOOK, TIMING
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (gloo)")
 
-TIMING = Path(__file__).resolve().parents[2] / "core" / "launcher" / "stragglers" / "timing.py"
 
 # A plain DDP loop over gloo: no launcher call. Arguments: the rank that blocks in its data loading
 # (-1: none), the step at which it blocks, seconds the first step's data take (before any progress),
@@ -157,15 +157,8 @@ def test_steps_per_second_come_from_optimizer_steps(write_script, tmp_path):
 
 # -- the hook itself, in a fresh interpreter -------------------------------------------------------
 
-_HOOK = """
-import json, os, sys
-os.environ["LAUNCHER_HEARTBEAT_PID"] = str(os.getpid())
-import importlib.util
-spec = importlib.util.spec_from_file_location("_launcher_straggler_timing", os.environ["TIMING"])
-timing = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = timing
-spec.loader.exec_module(timing)
-timing.install()
+_HOOK = LOAD_HOOK + """
+import json
 seen = {"torch_after_install": "torch" in sys.modules, "optim_after_install": "torch.optim" in sys.modules}
 if sys.argv[1] == "step":
     import torch
