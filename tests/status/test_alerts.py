@@ -222,6 +222,13 @@ def ranks_up(samples: dict[str, float]) -> bool:
     return sorted(v for name, v in samples.items() if name.startswith("launcher_rank_up{")) == [1.0, 1.0]
 
 
+def ranks_beating(samples: dict[str, float]) -> bool:
+    """Both ranks up and past their first heartbeat: a fixed --hang-timeout watches a rank only
+    from then on (a rank stopped before it would never be judged hung)."""
+    return ranks_up(samples) and len([name for name in samples
+                                      if name.startswith("launcher_rank_heartbeat_age_seconds{")]) == 2
+
+
 class AlertJob(BackgroundJob):
     """A two-rank job of WORKER with ``--metrics-port 0``: its port from the agent's log line."""
 
@@ -295,7 +302,8 @@ def test_a_hang_fires_the_hang_the_restart_and_the_budget(promtool, write_script
     job = start(write_script, tmp_path, ["--max-restarts", "1", "--hang-timeout", "2"], {"HANG": "1"})
     try:
         port = job.port()
-        before = job.until(port, "both ranks up", lambda s: ranks_up(s) and value(s, "launcher_hangs_total") == 0)
+        before = job.until(port, "both ranks heartbeating",
+                           lambda s: ranks_beating(s) and value(s, "launcher_hangs_total") == 0)
         job.trigger.touch()  # rank 1 of attempt 0 stops heartbeating: hung 2 s later, then restarted
         after = job.until(port, "the hang and its restart", lambda s: ranks_up(s) and value(
             s, "launcher_hangs_total") == 1 and value(s, "launcher_restarts_total") == 1)
