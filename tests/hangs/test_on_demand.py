@@ -18,20 +18,23 @@ import pytest
 from tests.background_job import BackgroundJob
 from tests.conftest import LAUNCHER, launcher_env, run_launcher, unwrapped
 
-# Each rank says it is ready, then waits in a known function until the test creates the go file.
-# The wait calls only C functions (os.access, not os.path.exists), on one line: a stack taken at any
-# moment has waiting_for_godot innermost, at the same line on every rank (a CI run once caught a rank
-# inside genericpath.exists).
+# Each rank waits in a known function until the test creates the go file, and says it is ready from
+# inside that wait. The wait calls only C functions (os.access, not os.path.exists), on one line: a
+# stack taken at any moment has waiting_for_godot innermost, at the same line on every rank (a CI run
+# once caught a rank inside genericpath.exists). The ready file (its pid, written aside first) is put
+# in place from that same line: a ready file written before the call would let the test ask for
+# stacks while a rank is still in <module>, on its way there.
 GODOT = """
 import os, sys, time
 
-def waiting_for_godot(go):
+def waiting_for_godot(tmp, ready, go):  # (os.access(path, 0): os.F_OK, whether it exists)
     end = time.monotonic() + 60
-    while not os.access(go, os.F_OK) and time.monotonic() < end: time.sleep(0.05)
+    while not os.access(go, 0) and time.monotonic() < end: os.access(ready, 0) or os.rename(tmp, ready); time.sleep(.05)
 
-with open(sys.argv[1] + "." + os.environ["RANK"], "w") as ready:
-    ready.write(str(os.getpid()))
-waiting_for_godot(sys.argv[2])
+ready = sys.argv[1] + "." + os.environ["RANK"]
+with open(ready + ".tmp", "w") as handle:
+    handle.write(str(os.getpid()))
+waiting_for_godot(ready + ".tmp", ready, sys.argv[2])
 """
 
 
