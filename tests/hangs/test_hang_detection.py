@@ -237,6 +237,8 @@ def test_the_hang_timeout_reads_numbers_like_every_timeout():
 def test_sigusr2_to_the_agent_prints_every_rank_and_the_job_goes_on(write_script, tmp_path):
     # Each rank waits inside waiting_for_godot (blocked in C, no frame of its own) until the test
     # has read the report and hands it one byte: no rank can leave before the report, however slow.
+    # It says it is ready on the line where it waits: said on a line before, the test could ask for
+    # the report while a rank was still there, and the ranks would not be shown as one group.
     script = write_script(
         "godot.py",
         """
@@ -244,8 +246,8 @@ def test_sigusr2_to_the_agent_prints_every_rank_and_the_job_goes_on(write_script
         import launcher
 
         def waiting_for_godot():
-            open(sys.argv[1], "a").write("x")
-            os.read(os.open(sys.argv[2], os.O_RDONLY), 1)
+            ready = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            os.write(ready, b"x"); os.read(os.open(sys.argv[2], os.O_RDONLY), 1)
 
         launcher.heartbeat()
         waiting_for_godot()
