@@ -5,19 +5,26 @@ from __future__ import annotations
 
 from tests.conftest import run_launcher
 
-#: Local rank 0 raises in every attempt. Local rank 1 waits in short sleeps (an interrupt ends them:
-#: it can be recovered in place), except in attempt 1 with STUCK_LATER set, where it sits in one long
-#: sleep (a C call nothing ends: with --recovery-timeout 1 the agent falls back to a full restart).
+#: Local rank 0 raises in every attempt, once local rank 1 is inside its own function in that attempt
+#: (registered with launcher.recoverable: an event, not a delay; a peer not registered yet when a
+#: rank raises means a full restart): rank 1 says so in a file. Local rank 1 waits in short sleeps (an
+#: interrupt ends them: it can be recovered in place), except in attempt 1 with STUCK_LATER set, where
+#: it sits in one long sleep (a C call nothing ends: with --recovery-timeout 1 the agent falls back
+#: to a full restart).
 SCRIPT = """
 import os, time
 import launcher
+
+INSIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank1-inside-")
 
 @launcher.recoverable
 def work():
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if os.environ["LOCAL_RANK"] == "0":
-        time.sleep(0.3)
+        while not os.path.exists(f"{INSIDE}{attempt}"):
+            time.sleep(0.01)
         raise ValueError(f"boom {attempt}")
+    open(f"{INSIDE}{attempt}", "w").close()
     if attempt == 1 and os.environ.get("STUCK_LATER"):
         time.sleep(30)
     for _ in range(600):
