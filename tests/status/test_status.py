@@ -110,16 +110,21 @@ def test_a_restart_changes_the_restart_count_and_the_pids(start_job):
 
 
 # Rank 1 raises in its first attempt inside launcher.recoverable: the group recovers in place
-# (rank 0's process is kept, rank 1's replaced), which uses a restart.
+# (rank 0's process is kept, rank 1's replaced), which uses a restart. Rank 1 raises once rank 0
+# says it is inside its function (registered with launcher.recoverable: an event, not a delay; a
+# rank not registered yet when its peer raises means a full restart).
 IN_PLACE_WORKER = """
 import os, sys, time
 import launcher
 
-go = sys.argv[2]
+inside, go = sys.argv[1] + ".inside", sys.argv[2]
 
 def work():
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "0":
+        open(inside, "w").close()
     if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
-        time.sleep(0.5)
+        while not os.path.exists(inside):
+            time.sleep(0.01)
         raise ValueError("boom")
     end = time.monotonic() + 90
     while not os.path.exists(go) and time.monotonic() < end:
