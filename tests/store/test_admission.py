@@ -113,6 +113,9 @@ for line in sys.stdin:
     if cmd == "restrict":
         server.restrict_to(arg.split(","))
         print("ok", flush=True)
+    elif cmd == "restrict-joiners":  # as the c10d backend with a secret: joiners that prove it may wait
+        server.restrict_to(arg.split(","), authenticated_joiners=True)
+        print("ok", flush=True)
     elif cmd == "open":
         server.restrict_to(None)
         print("ok", flush=True)
@@ -163,6 +166,40 @@ for line in sys.stdin:
         if kind != "torch" and store is not None:
             store.close()
         del store
+"""
+
+
+# A client halfway through proving the secret: it has the server's challenge and proof, and sends
+# its own proof (then validates, pings and writes) only when told to (on stdin).
+MIDWAY = """
+import os, socket, sys
+from launcher.store.admission import AUTH_HELLO, AUTH_PROOF, NONCE_LEN, PROOF_LEN, client_proof, new_nonce
+from launcher.store.protocol import U8, U32, VALIDATION_MAGIC, QueryType
+host, port, secret = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+sock = socket.create_connection((host, port), timeout=10)
+def exact(n):
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            raise ConnectionError("closed by the server")
+        data += more
+    return data
+mine = new_nonce()
+sock.sendall(U8.pack(AUTH_HELLO) + mine)
+assert exact(1) == b"\\x00"
+theirs = exact(NONCE_LEN)
+exact(PROOF_LEN)
+print("challenged", flush=True)
+sys.stdin.readline()
+try:
+    sock.sendall(U8.pack(AUTH_PROOF) + client_proof(secret, theirs, mine))
+    assert exact(1) == b"\\x00"
+    sock.sendall(U8.pack(QueryType.VALIDATE) + U32.pack(VALIDATION_MAGIC) + U8.pack(QueryType.PING) + U32.pack(7))
+    assert U32.unpack(exact(4))[0] == 7
+    print("ok", flush=True)
+except Exception as exc:
+    print("refused", type(exc).__name__, exc, flush=True)
 """
 
 
@@ -311,6 +348,27 @@ def test_joiners_need_the_secret_and_members_keep_access_once_restricted(hosts: 
         assert store.ask("knocks") == "-"
     finally:
         store.close()
+
+
+def test_a_joiner_proving_the_secret_as_the_round_closes_is_heard_out(hosts: Network) -> None:
+    """A spare connecting at the moment the round closes (the chaos of a busy host) is halfway
+    through its proof when the store is restricted to the round's members: with joiners that
+    prove the secret allowed, it finishes the proof and is in, not cut off mid-handshake."""
+    server_host, member, joiner = hosts[0], hosts[1], hosts[2]
+    store = NamespaceStore(server_host, "10.213.0.0/24", SECRET)
+    try:
+        midway = subprocess.Popen(
+            joiner.argv([sys.executable, "-c", MIDWAY, server_host.addr, str(store.port), SECRET.decode()]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert midway.stdout is not None
+        assert midway.stdout.readline().strip() == "challenged"
+        assert store.ask(f"restrict-joiners {member.addr}") == "ok"
+        out, _ = midway.communicate("go\n", timeout=60)
+        assert out.strip() == "ok", out
+        assert use(joiner, store, "ours", "joined", SECRET) == "ok"  # and a new one proves it too
+    finally:
+        logs = store.close()
+    assert "has not proven the shared secret" not in logs, logs
 
 
 def test_a_refused_reader_is_not_taken_for_an_agent_waiting_to_join(hosts: Network) -> None:

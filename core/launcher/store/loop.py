@@ -226,6 +226,10 @@ class ServeLoop:
             if conn in self._probation:
                 continue  # refused already: heard out by _on_readable or _expire_probation
             verdict = self._verdict(conn.ip, _local_ip(conn.sock))
+            if verdict is Verdict.AUTHENTICATE and conn.must_auth and conn in self._handshaking:
+                # Proving the secret right now (a spare connecting as the round closes): it
+                # gets its handshake's time; a wrong or missing proof closes it then.
+                continue
             if verdict is Verdict.REFUSE or (verdict is Verdict.AUTHENTICATE and not conn.authenticated):
                 self._refused(conn.ip, conn.who, verdict)
                 self._drop(conn)
