@@ -200,10 +200,10 @@ def test_the_host_serves_each_node_a_constant_number_of_requests() -> None:
     }
 
 
-def test_segments_cost_each_node_one_or_two_counter_updates_more() -> None:
-    # --segment 4 over 16 domains: each node adds itself to its domain's counter, the node that
-    # completes a segment to the round's as well (n + n / 4 adds more, nothing else); the node
-    # that completes the last segment closes the round, whose ranks are consecutive per domain.
+def test_segments_cost_the_nodes_no_request_more_and_the_closer_one() -> None:
+    # --segment 4 over 16 domains: the nodes before MAX count nothing; the MAX-th node counts
+    # the whole segments in the records it reads to seal, closes the round (ranks consecutive per
+    # domain) and writes its tally for nodes beyond MAX: one set more than a round without.
     n, domains = 256, 16
     counts: Counter[int] = Counter()
     with StoreServer("127.0.0.1", 0, clients=n + 8) as server:
@@ -224,5 +224,6 @@ def test_segments_cost_each_node_one_or_two_counter_updates_more() -> None:
     assert sorted(crowd.ranks) == list(range(n))
     per_domain = n // domains
     assert all(crowd.ranks[i] // per_domain == i % domains for i in range(n))
-    assert counts[QueryType.ADD] == n + n + n // 4
+    assert counts[QueryType.ADD] == n  # each node's join index only
     assert (counts[QueryType.MULTI_GET], counts[QueryType.MULTI_SET], counts[QueryType.COMPARE_SET]) == (1, 1, n + 2)
+    assert counts[QueryType.SET] == n + 2  # the records, rank 0's master, the tally

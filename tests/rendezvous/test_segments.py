@@ -8,6 +8,7 @@ import logging
 
 import pytest
 from launcher.rendezvous.dynamic import DynamicRendezvousHandler
+from launcher.rendezvous.keys import RendezvousKeys
 from launcher.topology.api import NodeLocation
 
 from .conftest import PROMPT, Cluster, Pending, wait_for
@@ -117,3 +118,44 @@ def test_a_spare_of_the_stragglers_own_domain_lets_it_be_put_out(cluster: Cluste
     info = again.result()
     assert info.round == 1 and sorted(info.participants) == sorted([a1.node.id, a3.node.id])
     assert spares[1].result().round == 1 and not spares[0].done()  # leaf-b's node stays a spare
+
+
+def elastic(cluster: Cluster, run: str, leaf: str) -> DynamicRendezvousHandler:
+    """--nnodes 2:4 --segment 2: below MAX, the closer counts whole segments in the records."""
+    handler = cluster.node(run, 2, 4, join_timeout=30, last_call_timeout=0.3)
+    handler.topology = NodeLocation(("spine0", leaf))
+    handler.segment = 2
+    return handler
+
+
+def closer_checks(cluster: Cluster, run: str) -> int:
+    """How many times round 0's closer looked for MIN nodes in whole segments (``<r>/checks``)."""
+    store = cluster.service.connect()
+    try:
+        return store.add(RendezvousKeys(run).checks(0), 0)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("closer_dies", [False, True], ids=["closer-lives", "closer-dies"])
+def test_below_max_the_round_waits_for_min_in_whole_segments_and_a_backup_closes_it_if_the_closer_dies(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, closer_dies: bool
+) -> None:
+    caplog.set_level(logging.INFO, logger="launcher.rendezvous")
+    run = cluster.run_id()
+    a1 = elastic(cluster, run, "leaf-a")
+    first = [Pending(a1)]
+    assert wait_for(lambda: caplog.text.count("joined round 0") == 1, PROMPT), caplog.text
+    b1 = elastic(cluster, run, "leaf-b")  # join index 2, MIN: the closer
+    first.append(Pending(b1))
+    # MIN nodes, no whole segment: the closer counts, finds none, and waits on (and on).
+    assert wait_for(lambda: closer_checks(cluster, run) >= 2, PROMPT), caplog.text
+    if closer_dies:
+        cluster.sever(b1)
+    a2 = elastic(cluster, run, "leaf-a")  # index 3: a backup closer; leaf-a now holds a segment
+    info = Pending(a2).result()
+    assert info.round == 0 and sorted(info.participants) == sorted([a1.node.id, a2.node.id])
+    assert first[0].result().round == 0
+    if not closer_dies:
+        assert wait_for(lambda: SPARE in caplog.text, PROMPT), caplog.text  # b1 closed it: now a spare
+        assert not first[1].done()

@@ -14,7 +14,8 @@ Layout, below ``KEY_ROOT/<run id, URL-quoted>/``::
     <r>/roster  <r>/lost  <r>/master
     <r>/node/<join index>  <r>/place/<join index>      (one per node of round r)
     <r>/hb/<group rank>
-    <r>/segs  <r>/dom/<domain number>                  (--segment only)
+    <r>/tally  <r>/checks                              (--segment only)
+    <r>/segs  <r>/dom/<domain number>                  (--segment, beyond MAX nodes only)
     <r>/lost/<report number>                           (one per lost-node report)
     <r>/agent/<anything>                               (the agents' own keys for round r)
 """
@@ -71,10 +72,18 @@ class KeyKind(str, enum.Enum):
     MASTER = "master"
     #: Below this, the agents' own keys for round ``r`` (``RendezvousInfo.store``).
     AGENT = "agent"
-    #: ``--segment``: counter of the whole segments of round ``r``'s joined nodes.
+    #: ``--segment``: counter of the whole segments completed by nodes that joined round ``r``
+    #: beyond MAX (the first MAX nodes are counted in ``TALLY``).
     SEGMENTS = "segments"
-    #: ``--segment``: counter of round ``r``'s joined nodes of one domain (``index``: its number).
+    #: ``--segment``: counter of the nodes of one domain (``index``: its number) that joined
+    #: round ``r`` beyond MAX.
     DOMAIN = "domain"
+    #: ``--segment``: the first MAX nodes of round ``r`` counted per domain, and the whole segments
+    #: they make; written once, by the node with join index MAX.
+    TALLY = "tally"
+    #: ``--segment``: counter of the checks a round's closer made for MIN nodes in whole segments
+    #: (a backup closer sees it move while the closer lives).
+    CHECKS = "checks"
 
 
 #: Keys that only the node they describe writes: its participant record and heartbeat counter.
@@ -92,6 +101,8 @@ _ROUND_KINDS = {
     "lost": KeyKind.LOST_COUNT,
     "master": KeyKind.MASTER,
     "segs": KeyKind.SEGMENTS,
+    "tally": KeyKind.TALLY,
+    "checks": KeyKind.CHECKS,
 }
 _INDEXED_KINDS = {"node": KeyKind.NODE, "place": KeyKind.PLACE, "hb": KeyKind.HEARTBEAT, "lost": KeyKind.LOST,
                   "dom": KeyKind.DOMAIN}
@@ -182,12 +193,24 @@ class RendezvousKeys:
         return f"{self.base}/{r}/master"
 
     def segments(self, r: int) -> str:
-        """``<r>/segs`` (``--segment``): how many whole segments round ``r``'s joined nodes make."""
+        """``<r>/segs`` (``--segment``): how many whole segments the nodes that joined round ``r``
+        beyond MAX completed."""
         return f"{self.base}/{r}/segs"
 
     def domain(self, r: int, number: int) -> str:
-        """``<r>/dom/<number>`` (``--segment``): how many nodes of domain ``number`` joined round ``r``."""
+        """``<r>/dom/<number>`` (``--segment``): how many nodes of domain ``number`` joined round
+        ``r`` beyond MAX."""
         return f"{self.base}/{r}/dom/{number}"
+
+    def tally(self, r: int) -> str:
+        """``<r>/tally`` (``--segment``): the first MAX nodes of round ``r`` per domain and their
+        whole segments (``{"dom": {number: nodes}, "whole": segments}``)."""
+        return f"{self.base}/{r}/tally"
+
+    def checks(self, r: int) -> str:
+        """``<r>/checks`` (``--segment``): how many times round ``r``'s closer looked for MIN nodes
+        in whole segments."""
+        return f"{self.base}/{r}/checks"
 
     def agent(self, r: int) -> str:
         """The prefix of the agents' own keys for round ``r``."""

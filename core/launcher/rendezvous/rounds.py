@@ -38,7 +38,7 @@ from launcher.rendezvous.membership import (
 from launcher.rendezvous.store_ops import ConnectionLost, StoreOps
 from launcher.store.api import StoreError, StoreTimeoutError
 
-__all__ = ["CLOSED", "Rounds", "sealed_value"]
+__all__ = ["CLOSED", "Rounds", "sealed_value", "segment_tally"]
 
 log = logging.getLogger("launcher.rendezvous")
 
@@ -108,6 +108,21 @@ def sealed_value(
     }
 
 
+def segment_tally(nodes: list[dict[str, Any]], segment: int) -> dict[str, Any]:
+    """``--segment``: ``nodes`` counted per domain (by its number, as text: a JSON key), and the
+    whole segments they make (``{"dom": {...}, "whole": n}``); nodes without a path count in none."""
+    from launcher.topology.order import record_path
+    from launcher.topology.segments import domain_number
+
+    per_domain: dict[str, int] = {}
+    for node in nodes:
+        path = record_path(node)
+        if path is not None:
+            number = str(domain_number(path))
+            per_domain[number] = per_domain.get(number, 0) + 1
+    return {"dom": per_domain, "whole": sum(n // segment for n in per_domain.values())}
+
+
 def _path_text(node: dict[str, Any]) -> str | None:
     from launcher.topology.order import record_path
 
@@ -164,6 +179,8 @@ class Rounds:
         #: only ever waits as a spare). ``None``: off, every joined node up to MAX takes part.
         self.segment: int | None = None
         self.domain: int | None = None
+        #: ``--segment``: the closer's count of checks this node saw last (as a backup closer).
+        self._checks_seen = 0
         self.on_attempt: Callable[[int], None] | None = None
         self.on_sealed: Callable[[int, tuple[tuple[str, ...], ...]], None] | None = None
 
@@ -268,16 +285,30 @@ class Rounds:
         close_at = backup_at = math.inf
         grace = max(1.0, self._config.last_call_timeout / 2)
         expected: int | None = None
+        self._checks_seen = 0
         if self.segment is not None:
-            if self._completes_segments(r):
+            # Whether this node brings the round's whole segments to MAX: the MAX-th node reads
+            # the first MAX records (as a closer does anyway) and counts them; a node beyond MAX
+            # adds itself to its domain's counter (docs/topology.md, "Whole segments").
+            first_max = self._read_nodes(r, index) if index == self._max else None
+            tally = segment_tally(first_max, self.segment) if first_max is not None else None
+            complete = (tally["whole"] * self.segment == self._max if tally is not None
+                        else index > self._max and self._completes_segments(r))
+            if complete:
                 expected = self._expected_joiners(r)
                 if expected is None:
-                    self._seal(r, self._ops.add(self._keys.seq(r), 0))  # MAX in whole segments: at once
+                    # MAX in whole segments: close at once (with the records just read, if read).
+                    if first_max is not None:
+                        self._seal(r, index, first_max)
+                    else:
+                        self._seal(r, self._ops.add(self._keys.seq(r), 0))
                 else:
                     # A re-form: the survivors and the spares called with it are joining now.
                     # Closing once they all have lets the lost node's own domain's spare be seen
                     # (docs/topology.md); after the last call at the latest.
                     close_at = now + self._config.last_call_timeout
+            if tally is not None:  # for the nodes beyond MAX (after the seal: off the round's path)
+                self._ops.set(self._keys.tally(r), encode(tally))
             if index == self._min:
                 close_at = min(close_at, now + self._config.last_call_timeout)
             elif index > self._min:
@@ -303,11 +334,18 @@ class Rounds:
                 return self._join_timed_out(r, index, deadline, previous)
             if now >= close_at or now >= backup_at:
                 count = self._ops.add(self._keys.seq(r), 0)
-                if self.segment is not None and not self._enough_segments(r):
-                    # MIN nodes joined but not MIN's worth of whole segments: wait on for more.
-                    close_at = now + self._config.last_call_timeout
-                    backup_at = math.inf
-                    continue
+                if self.segment is not None:
+                    if close_at == math.inf and self._closer_checking(r):
+                        # A backup: the closer lives, and waits for whole segments itself.
+                        backup_at = now + self._config.last_call_timeout + grace
+                        continue
+                    if self._whole_nodes(r, count) < self._min:
+                        # MIN nodes joined but not MIN's worth of whole segments: wait on for more
+                        # (this node is the closer now; its checks tell the backups it lives).
+                        self._ops.add(self._keys.checks(r), 1)
+                        close_at = now + self._config.last_call_timeout
+                        backup_at = math.inf
+                        continue
                 self._seal(r, count if self.segment is not None else min(count, self._max))
                 close_at = backup_at = math.inf
                 continue
@@ -375,14 +413,41 @@ class Rounds:
             return None
 
     def _completes_segments(self, r: int) -> bool:
-        """``--segment``: count this node in its domain (one ``add``; one more for each N-th node
-        of a domain, which completes a segment); whether this node completed the segment that
-        brings the round's whole segments to MAX."""
+        """``--segment``, a node that joined beyond MAX: count it in its domain (one ``add``, and
+        one more when it completes a segment); whether it completed the segment that brings the
+        round's whole segments to MAX. The first MAX nodes are in the MAX-th node's tally."""
         if self.domain is None or self.segment is None:
             return False
-        if self._ops.add(self._keys.domain(r, self.domain), 1) % self.segment:
+        mine = self._ops.add(self._keys.domain(r, self.domain), 1)
+        tally = self._read_tally(r)
+        if tally is None or (int(tally["dom"].get(str(self.domain), 0)) + mine) % self.segment:
             return False
-        return self._ops.add(self._keys.segments(r), 1) * self.segment == self._max
+        return (int(tally["whole"]) + self._ops.add(self._keys.segments(r), 1)) * self.segment == self._max
+
+    def _read_tally(self, r: int) -> dict[str, Any] | None:
+        """Round ``r``'s tally of its first MAX nodes, once the MAX-th node wrote it (``None`` if it
+        did not within the last call: it died, and a backup closer counts the records itself)."""
+        key = self._keys.tally(r)
+        if not self._ops.wait([key], min(self._config.read_timeout, max(1.0, self._config.last_call_timeout))):
+            return None
+        return decode(self._ops.get_present(key))
+
+    def _whole_nodes(self, r: int, count: int) -> int:
+        """``--segment``: how many of round ``r``'s ``count`` joined nodes are in whole segments:
+        O(1) requests once MAX joined (the tally and the counters beyond it), else the closer
+        reads the records."""
+        assert self.segment is not None
+        if count >= self._max and self._ops.check([self._keys.tally(r)]):
+            tally = decode(self._ops.get_present(self._keys.tally(r)))
+            return (int(tally["whole"]) + self._ops.add(self._keys.segments(r), 0)) * self.segment
+        return int(segment_tally(self._read_nodes(r, count), self.segment)["whole"]) * self.segment
+
+    def _closer_checking(self, r: int) -> bool:
+        """A backup closer's look (one read): whether the round's closer counted whole segments
+        again since this node last looked."""
+        seen = self._ops.add(self._keys.checks(r), 0)
+        moved, self._checks_seen = seen != self._checks_seen, seen
+        return moved
 
     def _expected_joiners(self, r: int) -> int | None:
         """``--segment``, round ``r`` a re-form: how many nodes should join it, the previous round's
@@ -400,26 +465,14 @@ class Rounds:
         waiting = self._ops.add(self._keys.seq(r - 1), 0) - int(state.get("count") or 0)
         return int(state.get("n") or 0) - gone + max(0, waiting)
 
-    def _enough_segments(self, r: int) -> bool:
-        """``--segment``: whether round ``r``'s whole segments hold MIN nodes (one read)."""
-        return self._ops.add(self._keys.segments(r), 0) * (self.segment or 1) >= self._min
-
-    def _seal(self, r: int, count: int) -> None:
-        """Close round ``r`` with the nodes of join index 1..count (see "Closing a round").
-
-        Writes, in this order, the round's full record (``roster``), each join index's place,
-        then the small ``sealed`` record that wakes the nodes: a node finds its place written
-        once it sees ``sealed``. Two closers (the closer and a backup) may race: the first
-        ``roster`` written wins, and both write the places and ``sealed`` of that one.
-        """
-        if self._ops.check([self._keys.sealed(r)]):
-            return  # closed already (by another closer, or by set_closed)
+    def _read_nodes(self, r: int, count: int) -> list[dict[str, Any]]:
+        """The participant records of join indexes 1..count of round ``r`` (each with its ``idx``),
+        one request; a node that took its index and died before announcing itself is left out."""
         keys = [self._keys.node(r, k) for k in range(1, count + 1)]
         try:
             records = self._ops.multi_get(keys, self._config.read_timeout)
             present = keys
         except StoreTimeoutError:
-            # A node died between taking its index and announcing itself: seal without it.
             present = [k for k in keys if self._ops.check([k])]
             records = self._ops.multi_get(present, self._config.read_timeout) if present else []
         index_of = {key: k for k, key in enumerate(keys, start=1)}
@@ -428,6 +481,21 @@ class Rounds:
             node = decode(raw)
             node["idx"] = index_of[key]
             nodes.append(node)
+        return nodes
+
+    def _seal(self, r: int, count: int, nodes: list[dict[str, Any]] | None = None) -> None:
+        """Close round ``r`` with the nodes of join index 1..count (see "Closing a round");
+        ``nodes``: their records, when this node has just read them.
+
+        Writes, in this order, the round's full record (``roster``), each join index's place,
+        then the small ``sealed`` record that wakes the nodes: a node finds its place written
+        once it sees ``sealed``. Two closers (the closer and a backup) may race: the first
+        ``roster`` written wins, and both write the places and ``sealed`` of that one.
+        """
+        if self._ops.check([self._keys.sealed(r)]):
+            return  # closed already (by another closer, or by set_closed)
+        if nodes is None:
+            nodes = self._read_nodes(r, count)
         previous = self._previous_ids(r) if self.segment is not None else None
         value = sealed_value(nodes, count, self._min, stable_rank0=self._config.stable_rank0, closer=self._node.id,
                              segment=self.segment, max_nodes=self._max, previous=previous or ())
@@ -567,7 +635,8 @@ class Rounds:
 
     def _join_timed_out(self, r: int, index: int, deadline: float, previous: Membership | None) -> Membership | int:
         count = self._ops.add(self._keys.seq(r), 0)
-        if count >= self._min and (self.segment is None or self._enough_segments(r)):
+        whole = self._whole_nodes(r, count) if self.segment is not None and count >= self._min else 0
+        if count >= self._min and (self.segment is None or whole >= self._min):
             # MIN nodes are here: close now rather than fail (last call is only a courtesy).
             self._seal(r, count if self.segment is not None else min(count, self._max))
             return self._after_sealed(r, index, deadline)
@@ -583,9 +652,10 @@ class Rounds:
             f"{count} of {self._min} required nodes joined round {r} (--nnodes {self._min}:{self._max})"
         )
         if self.segment is not None:
-            whole = self._ops.add(self._keys.segments(r), 0)
-            message += (f", which make {whole} whole segment(s) of {self.segment} nodes of one domain "
-                        f"({whole * self.segment} nodes; --segment {self.segment} needs {self._min})")
+            if count < self._min:
+                whole = self._whole_nodes(r, count)
+            message += (f", which make {whole // self.segment} whole segment(s) of {self.segment} nodes of one "
+                        f"domain ({whole} nodes; --segment {self.segment} needs {self._min})")
         if missing:
             message += f"; missing since round {previous.round if previous else '?'}: {list_ids(missing)}"
         message += (

@@ -41,11 +41,10 @@ from dataclasses import dataclass, field
 from launcher.rendezvous.config import DynamicRendezvousConfig
 from launcher.rendezvous.keys import RendezvousKeys
 from launcher.rendezvous.membership import NodeDescriptor, decode, encode, encode_large, places, sealed_summary
-from launcher.rendezvous.rounds import sealed_value
+from launcher.rendezvous.rounds import sealed_value, segment_tally
 from launcher.rendezvous.store_ops import wait_slice_for
 from launcher.store.protocol import VALIDATION_MAGIC, CheckResponse, QueryType, WaitResponse, encode_key
 from launcher.topology.order import location_record
-from launcher.topology.segments import domain_number
 
 __all__ = ["Crowd", "CrowdClient", "SteadyLoad"]
 
@@ -281,24 +280,22 @@ class Crowd:
                                                              topo=location_record(path, i) if path else None),
                          timed=False)
         self.marks["recorded"] = max(self.marks.get("recorded", 0.0), time.monotonic())
-        if self.segment is not None and path is not None:
-            # As Rounds does: count this node in its domain; a completed segment in the round's
-            # counter; the node that completes the last one closes the round.
-            full = False
-            if await client.add(self.keys.domain(r, domain_number(path)), 1) % self.segment == 0:
-                full = await client.add(self.keys.segments(r), 1) * self.segment == self.nodes
-        else:
-            full = index == self.nodes
+        # With --segment too the MAX-th node closes: every domain holds whole segments here (as
+        # Rounds does, it counts the records it reads to seal; the nodes before it count nothing).
+        full = index == self.nodes
         if full:  # the round is full: this node closes it
             self.marks["closer_start"] = time.monotonic()
             records = await client.multi_get([self.keys.node(r, i) for i in range(1, self.nodes + 1)])
             nodes = [{**decode(raw), "idx": i} for i, raw in enumerate(records, start=1)]
+            tally = segment_tally(nodes, self.segment) if self.segment is not None else None
             value = sealed_value(nodes, self.nodes, self.nodes, stable_rank0=False, closer=me.id,
                                  segment=self.segment, max_nodes=self.nodes)
             await client.compare_set(self.keys.roster(r), b"", encode_large(value))
             await client.multi_set([self.keys.place(r, i) for i in range(1, self.nodes + 1)], places(value))
             await client.compare_set(self.keys.sealed(r), b"", encode(sealed_summary(value)))
             self.marks["sealed"] = time.monotonic()
+            if tally is not None:  # for nodes beyond MAX (there are none here), after the seal
+                await client.set(self.keys.tally(r), encode(tally), timed=False)
         state = decode(await client.get(self.keys.sealed(r)))
         place = decode(await client.get(self.keys.place(r, index), wait=False))
         self.marks["read"] = max(self.marks.get("read", 0.0), time.monotonic())
