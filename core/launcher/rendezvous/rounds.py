@@ -69,7 +69,7 @@ def sealed_value(
     if placed:  # --topology: nodes of one innermost domain adjacent (docs/topology.md)
         from launcher.topology.order import placement_key
 
-    def key(n: Mapping[str, Any]) -> tuple[Any, ...]:
+    def order(n: Mapping[str, Any]) -> tuple[Any, ...]:
         return (
             not (stable and n.get("host")),
             not (stable and n.get("r0")),
@@ -78,6 +78,13 @@ def sealed_value(
             int(n.get("pid", 0)),
             int(n.get("lid", 0)),
         )
+
+    # Each record's sort key, computed once: with --segment the records are sorted twice (inside
+    # their domain, then the chosen ones), and a path's key is the costly part of the closer's work.
+    keys = {id(n): order(n) for n in nodes}
+
+    def key(n: Mapping[str, Any]) -> tuple[Any, ...]:
+        return keys[id(n)]
 
     if segment is not None:
         from launcher.topology.segments import select_segments
