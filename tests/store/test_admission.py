@@ -174,17 +174,12 @@ for line in sys.stdin:
 MIDWAY = """
 import os, socket, sys
 from launcher.store.admission import AUTH_HELLO, AUTH_PROOF, NONCE_LEN, PROOF_LEN, client_proof, new_nonce
+from launcher.store.connection import Deadline, recv_exact
 from launcher.store.protocol import U8, U32, VALIDATION_MAGIC, QueryType
 host, port, secret = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
 sock = socket.create_connection((host, port), timeout=10)
 def exact(n):
-    data = b""
-    while len(data) < n:
-        more = sock.recv(n - len(data))
-        if not more:
-            raise ConnectionError("closed by the server")
-        data += more
-    return data
+    return recv_exact(sock, n, Deadline(10))
 mine = new_nonce()
 sock.sendall(U8.pack(AUTH_HELLO) + mine)
 assert exact(1) == b"\\x00"
