@@ -7,6 +7,7 @@ backend's adapter) and over launcher's own pure-Python TCPStore server and clien
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 import time
@@ -44,6 +45,8 @@ class Severable:
     def __init__(self, inner: KeyValueStore) -> None:
         self.inner = inner
         self.severed = False
+        #: How many times each method was called (what a node asked of the store).
+        self.calls: collections.Counter[str] = collections.Counter()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -53,6 +56,7 @@ class Severable:
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.severed:
                 raise StoreError("severed by the test")
+            self.calls[name] += 1
             return attr(*args, **kwargs)
 
         return call

@@ -4,6 +4,7 @@ domain (issue 47; the closer's choice itself is tested in tests/topology/test_se
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -129,10 +130,11 @@ def elastic(cluster: Cluster, run: str, leaf: str) -> DynamicRendezvousHandler:
 
 
 def closer_checks(cluster: Cluster, run: str) -> int:
-    """How many times round 0's closer looked for MIN nodes in whole segments (``<r>/checks``)."""
+    """How many times round 0's closer found too few nodes in whole segments (``<r>/checks``)."""
     store = cluster.service.connect()
     try:
-        return store.add(RendezvousKeys(run).checks(0), 0)
+        key = RendezvousKeys(run).checks(0)
+        return int(json.loads(store.get(key))["n"]) if store.check([key]) else 0
     finally:
         store.close()
 
@@ -159,3 +161,27 @@ def test_below_max_the_round_waits_for_min_in_whole_segments_and_a_backup_closes
     if not closer_dies:
         assert wait_for(lambda: SPARE in caplog.text, PROMPT), caplog.text  # b1 closed it: now a spare
         assert not first[1].done()
+
+
+def test_a_node_that_times_out_takes_the_closers_count_rather_than_reading_every_record(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Below MAX, nodes that time out do not each read every joined record (O(N) apiece, all at
+    once at scale): the closer has counted at each last call, and its last count decides."""
+    caplog.set_level(logging.INFO, logger="launcher.rendezvous")
+    run = cluster.run_id()
+    nodes, pending = [], []
+    for number, leaf in enumerate(("leaf-a", "leaf-b", "leaf-c"), start=1):  # no two on one leaf
+        handler = cluster.node(run, 2, 8, join_timeout=4, last_call_timeout=0.3)
+        handler.topology = NodeLocation(("spine0", leaf))
+        handler.segment = 2
+        nodes.append(handler)
+        pending.append(Pending(handler))
+        assert wait_for(lambda n=number: caplog.text.count("joined round 0") == n, PROMPT), caplog.text
+    first = str(pending[0].exception())  # join index 1: the first to time out; index 2 is the closer
+    assert "3 of 2 required nodes joined round 0" in first, first
+    assert "which make 0 whole segment(s) of 2 nodes of one domain (0 nodes; --segment 2 needs 2)" in first, first
+    assert cluster.stores[id(nodes[0])].calls["multi_get"] == 0  # the closer's count, not the records
+    assert cluster.stores[id(nodes[1])].calls["multi_get"] >= 1  # the closer read them at its checks
+    for other in pending[1:]:
+        assert "timed out" in str(other.exception())

@@ -81,8 +81,8 @@ class KeyKind(str, enum.Enum):
     #: ``--segment``: the first MAX nodes of round ``r`` counted per domain, and the whole segments
     #: they make; written once, by the node with join index MAX.
     TALLY = "tally"
-    #: ``--segment``: counter of the checks a round's closer made for MIN nodes in whole segments
-    #: (a backup closer sees it move while the closer lives).
+    #: ``--segment``: the last check of a round's closer that found fewer than MIN nodes in whole
+    #: segments (a backup closer sees it change while the closer lives).
     CHECKS = "checks"
 
 
@@ -208,8 +208,8 @@ class RendezvousKeys:
         return f"{self.base}/{r}/tally"
 
     def checks(self, r: int) -> str:
-        """``<r>/checks`` (``--segment``): how many times round ``r``'s closer looked for MIN nodes
-        in whole segments."""
+        """``<r>/checks`` (``--segment``): round ``r``'s closer's last check for MIN nodes in whole
+        segments (``{"by": node id, "n": check number, "count": joined, "whole": in whole segments}``)."""
         return f"{self.base}/{r}/checks"
 
     def agent(self, r: int) -> str:

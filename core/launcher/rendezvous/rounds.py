@@ -186,8 +186,9 @@ class Rounds:
         #: only ever waits as a spare). ``None``: off, every joined node up to MAX takes part.
         self.segment: int | None = None
         self.domain: int | None = None
-        #: ``--segment``: the closer's count of checks this node saw last (as a backup closer).
-        self._checks_seen = 0
+        #: ``--segment``: the closer's last check this node saw (as a backup closer).
+        self._checks_seen = b""
+        self._checks_done = 0
         self.on_attempt: Callable[[int], None] | None = None
         self.on_sealed: Callable[[int, tuple[tuple[str, ...], ...]], None] | None = None
 
@@ -292,7 +293,7 @@ class Rounds:
         close_at = backup_at = math.inf
         grace = max(1.0, self._config.last_call_timeout / 2)
         expected: int | None = None
-        self._checks_seen = 0
+        self._checks_seen = b""
         if self.segment is not None:
             # Whether this node brings the round's whole segments to MAX: the MAX-th node reads
             # the first MAX records (as a closer does anyway) and counts them; a node beyond MAX
@@ -338,7 +339,7 @@ class Rounds:
             if expected is not None and self._ops.add(self._keys.seq(r), 0) >= expected:
                 close_at, expected = now, None  # everyone expected has joined: close now
             if now >= deadline:
-                return self._join_timed_out(r, index, deadline, previous)
+                return self._join_timed_out(r, index, deadline, previous, closer=close_at != math.inf)
             if now >= close_at or now >= backup_at:
                 count = self._ops.add(self._keys.seq(r), 0)
                 if self.segment is not None:
@@ -346,10 +347,11 @@ class Rounds:
                         # A backup: the closer lives, and waits for whole segments itself.
                         backup_at = now + self._config.last_call_timeout + grace
                         continue
-                    if self._whole_nodes(r, count) < self._min:
+                    whole = self._whole_nodes(r, count)
+                    if whole < self._min:
                         # MIN nodes joined but not MIN's worth of whole segments: wait on for more
                         # (this node is the closer now; its checks tell the backups it lives).
-                        self._ops.add(self._keys.checks(r), 1)
+                        self._note_check(r, count, whole)
                         close_at = now + self._config.last_call_timeout
                         backup_at = math.inf
                         continue
@@ -449,12 +451,35 @@ class Rounds:
             return (int(tally["whole"]) + self._ops.add(self._keys.segments(r), 0)) * self.segment
         return int(segment_tally(self._read_nodes(r, count), self.segment)["whole"]) * self.segment
 
+    def _note_check(self, r: int, count: int, whole: int) -> None:
+        """The closer found ``whole`` of ``count`` joined nodes in whole segments, fewer than MIN:
+        say so under ``<r>/checks`` (one ``set``): the backups see it live, and a node that times
+        out takes the count from there instead of reading every record itself."""
+        self._checks_done += 1
+        self._ops.set(self._keys.checks(r), encode({"by": self._node.id, "n": self._checks_done, "count": count,
+                                                     "whole": whole}))
+
+    def _last_check(self, r: int) -> bytes:
+        """The closer's last check of round ``r`` as written (``b""``: none yet); two requests."""
+        key = self._keys.checks(r)
+        return self._ops.get_present(key) if self._ops.check([key]) else b""
+
     def _closer_checking(self, r: int) -> bool:
-        """A backup closer's look (one read): whether the round's closer counted whole segments
-        again since this node last looked."""
-        seen = self._ops.add(self._keys.checks(r), 0)
+        """A backup closer's look: whether the round's closer checked again since this node last
+        looked (its check record changed)."""
+        seen = self._last_check(r)
         moved, self._checks_seen = seen != self._checks_seen, seen
         return moved
+
+    def _whole_at_timeout(self, r: int, count: int, closer: bool) -> int:
+        """``--segment``, at the join timeout with MIN nodes joined: how many are in whole
+        segments. O(1) for every node but the closer (which reads the records, as at each of its
+        checks): from MAX on, the tally and the counters; below it, the closer's last check; only
+        when no closer has checked does a node read the records itself."""
+        if count >= self._max or closer:
+            return self._whole_nodes(r, count)
+        last = self._last_check(r)
+        return int(decode(last).get("whole") or 0) if last else self._whole_nodes(r, count)
 
     def _expected_joiners(self, r: int) -> int | None:
         """``--segment``, round ``r`` a re-form: how many nodes should join it, the previous round's
@@ -640,9 +665,10 @@ class Rounds:
                 max(0.0, deadline - now),
             )
 
-    def _join_timed_out(self, r: int, index: int, deadline: float, previous: Membership | None) -> Membership | int:
+    def _join_timed_out(self, r: int, index: int, deadline: float, previous: Membership | None, *,
+                        closer: bool = False) -> Membership | int:
         count = self._ops.add(self._keys.seq(r), 0)
-        whole = self._whole_nodes(r, count) if self.segment is not None and count >= self._min else 0
+        whole = self._whole_at_timeout(r, count, closer) if self.segment is not None and count >= self._min else 0
         if count >= self._min and (self.segment is None or whole >= self._min):
             # MIN nodes are here: close now rather than fail (last call is only a courtesy).
             self._seal(r, count if self.segment is not None else min(count, self._max))
@@ -658,9 +684,7 @@ class Rounds:
             f"rendezvous {self._run_id!r} timed out after {self._config.join_timeout:g} s: "
             f"{count} of {self._min} required nodes joined round {r} (--nnodes {self._min}:{self._max})"
         )
-        if self.segment is not None:
-            if count < self._min:
-                whole = self._whole_nodes(r, count)
+        if self.segment is not None and count >= self._min:  # (fewer: that is reason enough)
             message += (f", which make {whole // self.segment} whole segment(s) of {self.segment} nodes of one "
                         f"domain ({whole} nodes; --segment {self.segment} needs {self._min})")
         if missing:
